@@ -1,0 +1,7 @@
+"""Entry point for ``python -m monitor``."""
+
+import sys
+
+from monitor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,29 @@
+"""Backend names to factories; imported lazily so that only the chosen framework is loaded."""
+
+from __future__ import annotations
+
+import importlib
+
+from monitor.bench.contract import Backend, BackendFactory, BackendOptions
+from monitor.errors import BackendUnavailable
+
+BUILTIN = {
+    "tensorflow": "monitor.bench.tensorflow_backend:create",
+    "torch": "monitor.bench.torch_backend:create",
+    "jax": "monitor.bench.jax_backend:create",
+}
+
+
+def load_backend(name: str, options: BackendOptions) -> Backend:
+    """Import and create the backend ``name`` (a built-in name or ``package.module:attribute``)."""
+    target = BUILTIN.get(name, name)
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f" (install the extra: pip install 'crossover-monitor[{name}]')" if name in BUILTIN else ""
+        raise BackendUnavailable(name, f"cannot import {exc.name or module_name}: {exc}{hint}") from None
+    factory: BackendFactory | None = getattr(module, attribute, None)
+    if factory is None:
+        raise BackendUnavailable(name, f"{module_name} has no attribute {attribute!r}")
+    return factory(options)

@@ -1,0 +1,83 @@
+"""The timing loop and its statistics: pure, with the clock passed in."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+
+from monitor.bench.contract import RunBlock
+from monitor.config import TimingSettings
+from monitor.model import StopReason, Timing
+
+Clock = Callable[[], float]
+
+MAX_CALLS_PER_BLOCK = 1_000_000
+MIN_BLOCKS_ON_BUDGET = 3  # a median and an IQR need at least this many blocks, budget or not
+
+
+def median_and_iqr(samples: Sequence[float]) -> tuple[float, float]:
+    """Median and interquartile range (inclusive quartiles; 0 spread for a single sample)."""
+    if not samples:
+        raise ValueError("no samples")
+    median = statistics.median(samples)
+    if len(samples) == 1:
+        return median, 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return median, q3 - q1
+
+
+def relative_iqr(samples: Sequence[float]) -> float:
+    median, iqr = median_and_iqr(samples)
+    return iqr / median if median > 0 else math.inf
+
+
+def _timed(run: RunBlock, calls: int, clock: Clock) -> float:
+    start = clock()
+    run(calls)
+    return clock() - start
+
+
+def calibrate(run: RunBlock, block_s: float, clock: Clock) -> int:
+    """Calls per block so that one block lasts at least ``block_s`` (timer cost then negligible)."""
+    calls = 1
+    while calls < MAX_CALLS_PER_BLOCK:
+        elapsed = _timed(run, calls, clock)
+        if elapsed >= block_s:
+            break
+        # Aim 20% past the target so that the next try usually lands; at least double.
+        grow = math.ceil(calls * 1.2 * block_s / elapsed) if elapsed > 0 else calls * 10
+        calls = min(MAX_CALLS_PER_BLOCK, max(calls * 2, grow))
+    return calls
+
+
+def measure(run: RunBlock, settings: TimingSettings, clock: Clock) -> Timing:
+    """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent."""
+    started = clock()
+    for _ in range(settings.warmup_calls):
+        run(1)
+    calls = calibrate(run, settings.block_s, clock)
+    samples: list[float] = []
+    while True:
+        samples.append(_timed(run, calls, clock) / calls)
+        count = len(samples)
+        spread = relative_iqr(samples)
+        if count >= settings.min_blocks and spread <= settings.target_spread:
+            reason = StopReason.CONVERGED
+            break
+        if count >= settings.max_blocks:
+            reason = StopReason.MAX_BLOCKS
+            break
+        if clock() - started >= settings.size_budget_s and count >= MIN_BLOCKS_ON_BUDGET:
+            reason = StopReason.BUDGET
+            break
+    median, iqr = median_and_iqr(samples)
+    return Timing(
+        median_s=median,
+        iqr_s=iqr,
+        blocks=len(samples),
+        calls_per_block=calls,
+        stop_reason=reason,
+        noisy=spread > settings.target_spread,
+        samples_s=tuple(samples),
+    )

@@ -1,0 +1,53 @@
+"""The worker process: reads a plan on stdin, times it, streams JSON lines on stdout.
+
+Run as ``python -m monitor.bench.worker`` in a fresh interpreter (never forked from the
+daemon) in its own process group, so that the sweep can kill it and all its threads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TextIO
+
+from monitor.bench.contract import BackendOptions
+from monitor.bench.hostinfo import usable_cpus
+from monitor.bench.registry import load_backend
+from monitor.bench.runner import run_plan
+from monitor.errors import MonitorError
+from monitor.protocol import Done, Fatal, Message, Plan, encode
+
+
+def _claim_stdout() -> TextIO:
+    """A private copy of stdout for messages; fd 1 then points at stderr, so library prints can't corrupt it."""
+    channel = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return channel
+
+
+def main() -> int:
+    channel = _claim_stdout()
+
+    def emit(message: Message) -> None:
+        channel.write(encode(message) + "\n")
+
+    try:
+        plan = Plan.from_json(sys.stdin.readline())
+    except (ValueError, TypeError, KeyError) as exc:
+        emit(Fatal(f"the worker could not read its plan: {exc}"))
+        return 1
+    options = BackendOptions(tf32=plan.tf32, cpu_threads=plan.cpu_threads or usable_cpus())
+    try:
+        backend = load_backend(plan.backend, options)
+        run_plan(plan, backend, emit, time.perf_counter)
+    except MonitorError as exc:
+        emit(Fatal(str(exc)))
+        return 1
+    emit(Done())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

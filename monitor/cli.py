@@ -1,0 +1,90 @@
+"""Commands, flags and exit codes; wires configuration, sweep and service together."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+
+from monitor import __version__
+from monitor.config import Settings, load_settings, with_listen
+from monitor.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_START, ConfigError, StartupError
+from monitor.logs import configure
+from monitor.model import SweepResult
+from monitor.protocol import Plan
+from monitor.report import render_json, render_table
+
+log = logging.getLogger("monitor")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crossover-monitor",
+        description="Times matrix multiplication on the CPU and every GPU and exports where the GPU starts to win.",
+    )
+    parser.add_argument("--version", action="version", version=f"crossover-monitor {__version__}")
+    parser.add_argument(
+        "--log-format", choices=["text", "json"], default="text", help="log line format (default: text)"
+    )
+    parser.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="(default: info)"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the service: sweep on a schedule and serve /metrics")
+    run.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
+    run.add_argument("--listen", metavar="HOST:PORT", help="override server.listen")
+
+    once = commands.add_parser("once", help="run one sweep, print the results and exit")
+    once.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
+    once.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+    check = commands.add_parser("check-config", help="validate a configuration file and exit")
+    check.add_argument("file", metavar="FILE")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = load_settings(getattr(args, "config", None) or getattr(args, "file", None))
+    if getattr(args, "listen", None):
+        settings = with_listen(settings, args.listen)
+    return settings
+
+
+def _run(settings: Settings) -> int:
+    from monitor.daemon import Service  # noqa: PLC0415 - only `run` needs the scheduler and server
+
+    service = Service(settings)
+    return service.run()
+
+
+def _once(settings: Settings, as_json: bool) -> int:
+    from monitor.sweep import run_sweep  # noqa: PLC0415 - keeps check-config light
+
+    bench = settings.benchmark
+    outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=threading.Event())
+    print(render_json(outcome) if as_json else render_table(outcome))
+    return EXIT_OK if outcome.result is SweepResult.SUCCESS else EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure(args.log_format, args.log_level)
+    try:
+        settings = _settings(args)
+        if args.command == "check-config":
+            print(f"{args.file}: configuration is valid")
+            return EXIT_OK
+        if args.command == "once":
+            return _once(settings, args.json)
+        return _run(settings)
+    except ConfigError as exc:
+        print(f"crossover-monitor: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except StartupError as exc:
+        print(f"crossover-monitor: {exc}", file=sys.stderr)
+        return EXIT_START
+    except KeyboardInterrupt:
+        return EXIT_OK

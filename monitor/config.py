@@ -1,0 +1,416 @@
+"""Load the YAML configuration, validate every key, and return frozen settings.
+
+Every problem is collected (not just the first) and names its key path and the bad value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from monitor.errors import ConfigError, Problem
+from monitor.model import DTYPES, MODES, Mode
+from monitor.schedule import cron_problem
+
+DEFAULT_PORT = 9437
+MAX_PORT = 65535
+MAX_SIZE = 65536  # an n-by-n float32 operand of this n is 16 GiB
+BUILTIN_BACKENDS = ("tensorflow", "torch", "jax")
+# A third-party or test backend: an import path "package.module:attribute".
+PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSettings:
+    interval_s: float | None = 900.0
+    cron: str | None = None
+    jitter_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingSettings:
+    """How hard the timing loop tries for each point."""
+
+    warmup_calls: int = 2  # untimed calls before calibration, per point
+    block_s: float = 0.02  # target duration of one timed block
+    min_blocks: int = 5
+    max_blocks: int = 50
+    target_spread: float = 0.05  # stop once IQR / median is at most this
+    size_budget_s: float = 5.0  # stop repeating once this much was spent on one point
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkSettings:
+    backend: str = "tensorflow"
+    devices: tuple[str, ...] | None = None  # None: "auto", the CPU and every visible GPU
+    sizes: tuple[int, ...] = (1, 10, 100, 500, 1000, 2000, 4000)
+    dtypes: tuple[str, ...] = ("float32",)
+    modes: tuple[Mode, ...] = ("compute", "end_to_end")
+    timeout_s: float = 600.0
+    tf32: bool = False
+    cpu_threads: int | None = None  # None: "auto", from affinity and the container's CPU quota
+    timing: TimingSettings = field(default_factory=TimingSettings)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    host: str = "0.0.0.0"  # noqa: S104 - an exporter listens on every interface by default
+    port: int = DEFAULT_PORT
+
+    @property
+    def listen(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    source: str = "<defaults>"
+
+
+@dataclass(frozen=True)
+class _Bad:
+    """A converter's verdict that a value is invalid, with the message to report."""
+
+    message: str
+
+
+def parse_duration(value: object) -> float | None:
+    """Seconds from ``30s``, ``15m``, ``1h30m``, ``250ms`` or a plain number; None if malformed."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def parse_listen(value: object) -> tuple[str, int] | _Bad:
+    """``(host, port)`` from ``HOST:PORT`` or ``[V6]:PORT``, or what is wrong with it."""
+    if not isinstance(value, str):
+        return _Bad(f"must be a string HOST:PORT, got {value!r}")
+    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]+):(\d+)", value.strip())
+    if match is None:
+        return _Bad(f"must be HOST:PORT (an IPv6 address in brackets: [ADDR]:PORT), got {value!r}")
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if not 1 <= port <= MAX_PORT:
+        return _Bad(f"port must be between 1 and {MAX_PORT}, got {port} in {value!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if match.group(1) is not None or _HOSTNAME.fullmatch(host) is None:
+            return _Bad(f"{host!r} is neither an IP address nor a valid host name in {value!r}")
+    return host, port
+
+
+T = TypeVar("T")
+
+
+class _Reader:
+    """Reads one mapping, recording problems against key paths instead of raising."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+
+    def add(self, path: str, message: str) -> None:
+        self.problems.append(Problem(path, message))
+
+    def section(self, data: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+        value = data.get(key, {})
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            self.add(path, f"must be a mapping, got {_show(value)}")
+            return {}
+        return value
+
+    def reject_unknown(self, data: Mapping[str, Any], known: set[str], path: str) -> None:
+        for key in data:
+            if key not in known:
+                where = f"{path}.{key}" if path else str(key)
+                choices = ", ".join(sorted(known))
+                self.add(where, f"unknown key (known keys here: {choices})")
+
+    def get(
+        self,
+        data: Mapping[str, Any],
+        key: str,
+        path: str,
+        default: T,
+        convert: Callable[[Any], T | _Bad],
+    ) -> T:
+        """The converted value, or the default after recording why ``convert`` rejected it."""
+        if key not in data or data[key] is None:
+            return default
+        result = convert(data[key])
+        if isinstance(result, _Bad):
+            self.add(path, result.message)
+            return default
+        return result
+
+
+def _show(value: object) -> str:
+    kinds = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return f"{kind} {value!r}"
+
+
+def _duration(*, positive: bool) -> Callable[[Any], float | _Bad]:
+    def convert(value: Any) -> float | _Bad:
+        seconds = parse_duration(value)
+        if seconds is None or not math.isfinite(seconds):
+            return _Bad(f"must be a duration like 30s, 15m, 1h or plain seconds, got {_show(value)}")
+        if positive and seconds <= 0:
+            return _Bad(f"must be greater than zero, got {value!r}")
+        if seconds < 0:
+            return _Bad(f"must not be negative, got {value!r}")
+        return seconds
+
+    return convert
+
+
+def _integer(minimum: int) -> Callable[[Any], int | _Bad]:
+    def convert(value: Any) -> int | _Bad:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return _Bad(f"must be an integer, got {_show(value)}")
+        if value < minimum:
+            return _Bad(f"must be at least {minimum}, got {value}")
+        return value
+
+    return convert
+
+
+def _fraction(value: Any) -> float | _Bad:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return _Bad(f"must be a number, got {_show(value)}")
+    if not 0 < value < 1:
+        return _Bad(f"must be between 0 and 1 (exclusive), got {value}")
+    return float(value)
+
+
+def _boolean(value: Any) -> bool | _Bad:
+    if not isinstance(value, bool):
+        return _Bad(f"must be true or false, got {_show(value)}")
+    return value
+
+
+def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
+    section = r.section(data, "schedule", "schedule")
+    r.reject_unknown(section, {"interval", "cron", "jitter"}, "schedule")
+    interval = r.get(section, "interval", "schedule.interval", None, _duration(positive=True))
+    cron = section.get("cron")
+    if cron is not None:
+        if not isinstance(cron, str):
+            r.add("schedule.cron", f"must be a crontab string like '*/15 * * * *', got {_show(cron)}")
+            cron = None
+        elif (problem := cron_problem(cron)) is not None:
+            r.add("schedule.cron", f"{problem}, got {cron!r}")
+            cron = None
+    if "interval" in section and "cron" in section:
+        r.add("schedule", "set either interval or cron, not both")
+    jitter = r.get(section, "jitter", "schedule.jitter", 0.0, _duration(positive=False))
+    if cron is None and interval is None and "cron" not in section:
+        interval = ScheduleSettings().interval_s
+    if interval is not None and jitter >= interval:
+        r.add("schedule.jitter", f"must be shorter than the interval ({interval:g}s), got {section['jitter']!r}")
+    return ScheduleSettings(interval_s=None if cron else interval, cron=cron, jitter_s=jitter)
+
+
+def _read_list(
+    r: _Reader, section: Mapping[str, Any], key: str, default: tuple[T, ...], check: Callable[[Any], T | _Bad]
+) -> tuple[T, ...]:
+    path = f"benchmark.{key}"
+    value = section.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, list):
+        r.add(path, f"must be a list, got {_show(value)}")
+        return default
+    if not value:
+        r.add(path, "must not be empty")
+        return default
+    items: list[T] = []
+    for index, item in enumerate(value):
+        result = check(item)
+        if isinstance(result, _Bad):
+            r.add(f"{path}[{index}]", result.message)
+        elif result in items:
+            r.add(f"{path}[{index}]", f"duplicate value {item!r}")
+        else:
+            items.append(result)
+    return tuple(items) if len(items) == len(value) else default
+
+
+def _size(value: Any) -> int | _Bad:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return _Bad(f"must be a positive integer matrix size, got {_show(value)}")
+    if value <= 0:
+        return _Bad(f"must be a positive integer matrix size, got {value}")
+    if value > MAX_SIZE:
+        return _Bad(f"must be at most {MAX_SIZE} (an n×n float32 operand of that n is 16 GiB), got {value}")
+    return value
+
+
+def _choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str | _Bad]:
+    def convert(value: Any) -> str | _Bad:
+        if value in choices:
+            return str(value)
+        return _Bad(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
+
+    return convert
+
+
+def _device(value: Any) -> str | _Bad:
+    if isinstance(value, str) and value.strip():
+        return value
+    return _Bad(f"must be a device name string such as '/CPU:0' or '/GPU:0', got {_show(value)}")
+
+
+def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
+    section = r.section(bench, "timing", "benchmark.timing")
+    known = {"warmup_calls", "block_time", "min_blocks", "max_blocks", "target_spread", "size_budget"}
+    r.reject_unknown(section, known, "benchmark.timing")
+    d = TimingSettings()
+    p = "benchmark.timing."
+    timing = TimingSettings(
+        warmup_calls=r.get(section, "warmup_calls", p + "warmup_calls", d.warmup_calls, _integer(0)),
+        block_s=r.get(section, "block_time", p + "block_time", d.block_s, _duration(positive=True)),
+        min_blocks=r.get(section, "min_blocks", p + "min_blocks", d.min_blocks, _integer(3)),
+        max_blocks=r.get(section, "max_blocks", p + "max_blocks", d.max_blocks, _integer(3)),
+        target_spread=r.get(section, "target_spread", p + "target_spread", d.target_spread, _fraction),
+        size_budget_s=r.get(section, "size_budget", p + "size_budget", d.size_budget_s, _duration(positive=True)),
+    )
+    if timing.max_blocks < timing.min_blocks:
+        r.add(
+            p + "max_blocks",
+            f"must be at least min_blocks ({timing.min_blocks}), got {timing.max_blocks}",
+        )
+    return timing
+
+
+def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
+    bench = r.section(data, "benchmark", "benchmark")
+    known = {"backend", "devices", "sizes", "dtypes", "modes", "timeout", "tf32", "cpu_threads", "timing"}
+    r.reject_unknown(bench, known, "benchmark")
+    d = BenchmarkSettings()
+
+    backend = bench.get("backend", d.backend)
+    if not isinstance(backend, str) or (backend not in BUILTIN_BACKENDS and PLUGIN_BACKEND.fullmatch(backend) is None):
+        r.add(
+            "benchmark.backend",
+            f"unknown backend {backend!r} (choose from {', '.join(BUILTIN_BACKENDS)}, "
+            "or give a plugin as 'package.module:attribute')",
+        )
+        backend = d.backend
+
+    devices: tuple[str, ...] | None = None
+    raw_devices = bench.get("devices", "auto")
+    if raw_devices != "auto" and raw_devices is not None:
+        if isinstance(raw_devices, str):
+            r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {raw_devices!r}")
+        else:
+            devices = _read_list(r, bench, "devices", (), _device) or None
+
+    cpu_threads: int | None = None
+    if bench.get("cpu_threads", "auto") not in ("auto", None):
+        cpu_threads = r.get(bench, "cpu_threads", "benchmark.cpu_threads", None, _integer(1))
+
+    return BenchmarkSettings(
+        backend=backend,
+        devices=devices,
+        sizes=tuple(sorted(_read_list(r, bench, "sizes", d.sizes, _size))),
+        dtypes=_read_list(r, bench, "dtypes", d.dtypes, _choice(DTYPES, "dtype")),
+        modes=_read_list(r, bench, "modes", d.modes, _choice(MODES, "mode")),  # type: ignore[arg-type]
+        timeout_s=r.get(bench, "timeout", "benchmark.timeout", d.timeout_s, _duration(positive=True)),
+        tf32=r.get(bench, "tf32", "benchmark.tf32", d.tf32, _boolean),
+        cpu_threads=cpu_threads,
+        timing=_read_timing(r, bench),
+    )
+
+
+def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
+    section = r.section(data, "server", "server")
+    r.reject_unknown(section, {"listen"}, "server")
+    if section.get("listen") is None:
+        return ServerSettings()
+    parsed = parse_listen(section["listen"])
+    if isinstance(parsed, _Bad):
+        r.add("server.listen", parsed.message)
+        return ServerSettings()
+    return ServerSettings(host=parsed[0], port=parsed[1])
+
+
+def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
+    """Validate an already-parsed document; raises ConfigError listing every problem."""
+    problems: list[Problem] = []
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, [Problem("", f"the top level must be a mapping, got {_show(data)}")])
+    r = _Reader(problems)
+    r.reject_unknown(data, {"schedule", "benchmark", "server"}, "")
+    settings = Settings(
+        schedule=_read_schedule(r, data),
+        benchmark=_read_benchmark(r, data),
+        server=_read_server(r, data),
+        source=source,
+    )
+    if problems:
+        raise ConfigError(source, problems)
+    return settings
+
+
+def load_settings(path: str | Path | None) -> Settings:
+    """Settings from a YAML file, or the embedded defaults when ``path`` is None."""
+    if path is None:
+        return Settings()
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [Problem("", f"not valid YAML: {where}{reason}")]) from None
+    return settings_from_mapping(data, source)
+
+
+def with_listen(settings: Settings, listen: str) -> Settings:
+    """The settings with ``server.listen`` replaced (the ``--listen`` flag)."""
+    parsed = parse_listen(listen)
+    if isinstance(parsed, _Bad):
+        raise ConfigError("--listen", [Problem("--listen", parsed.message)])
+    return Settings(
+        schedule=settings.schedule,
+        benchmark=settings.benchmark,
+        server=ServerSettings(host=parsed[0], port=parsed[1]),
+        source=settings.source,
+    )

@@ -1,0 +1,154 @@
+"""The long-running service: scheduler, HTTP server, signals, service-manager notification."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from monitor import systemd
+from monitor.config import Settings
+from monitor.errors import StartupError
+from monitor.metrics import build_registry
+from monitor.model import ServiceState, SweepResult
+from monitor.protocol import Plan
+from monitor.schedule import SweepScheduler
+from monitor.server import MetricsServer
+from monitor.state import StateStore
+from monitor.sweep import KILL_GRACE_S, Launcher, launch_subprocess, run_sweep
+
+log = logging.getLogger(__name__)
+
+_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",), "jax": ("jax",)}
+# A sweep still running this long after its deadline means its kill path is stuck.
+_STUCK_AFTER_DEADLINE_S = 30.0
+_MAIN_LOOP_TICK_S = 1.0
+
+
+def framework_version(backend: str) -> str:
+    """The installed version of a backend's framework, read from package metadata (no import)."""
+    for dist in _DISTRIBUTIONS.get(backend, ()):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return ""
+
+
+class Service:
+    """Owns the state, the scheduler and the server; ``run`` blocks until a signal stops it."""
+
+    def __init__(self, settings: Settings, *, launch: Launcher = launch_subprocess) -> None:
+        self._settings = settings
+        self._launch = launch
+        self._store = StateStore()
+        self._stopping = threading.Event()
+        self._cancel_sweep = threading.Event()
+        self._sweep_idle = threading.Event()
+        self._sweep_idle.set()
+        self._sweep_started: float | None = None
+        schedule = settings.schedule
+        self._scheduler = SweepScheduler(
+            job=self._sweep,
+            on_skipped=lambda _reason: self._store.record_skipped(),
+            interval_s=schedule.interval_s,
+            cron=schedule.cron,
+            jitter_s=schedule.jitter_s,
+        )
+        backend = settings.benchmark.backend
+        registry = build_registry(self.read_state, backend=backend, framework_version=framework_version(backend))
+        server = settings.server
+        try:
+            self._server = MetricsServer(server.host, server.port, registry, healthy=self.healthy, ready=self.ready)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {server.listen}: {exc.strerror or exc}") from None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._server.address
+
+    def read_state(self) -> ServiceState:
+        return dataclasses.replace(self._store.read(), next_sweep_at=self._scheduler.next_run_at())
+
+    def healthy(self) -> tuple[bool, str]:
+        if not self._scheduler.running:
+            return False, "the scheduler is not running"
+        started = self._sweep_started
+        limit = self._settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
+        if started is not None and time.monotonic() - started > limit:
+            return False, f"a sweep has been running for more than {limit:g}s and could not be stopped"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        state = self._store.read()
+        if state.latest is None:
+            return False, "no sweep has completed yet"
+        return True, "ok"
+
+    def _sweep(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._sweep_idle.clear()
+        self._sweep_started = time.monotonic()
+        try:
+            bench = self._settings.benchmark
+            log.info("sweep started", extra={"backend": bench.backend, "sizes": len(bench.sizes)})
+            outcome = run_sweep(
+                Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch
+            )
+            self._store.record(outcome)
+            fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
+            if outcome.result is SweepResult.SUCCESS:
+                log.info("sweep finished", extra=fields)
+            else:
+                log.error("sweep failed", extra={**fields, "reason": outcome.reason})
+        except Exception:  # a bug must not kill the scheduler thread silently
+            log.exception("sweep crashed")
+        finally:
+            self._sweep_started = None
+            self._sweep_idle.set()
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping", extra={"signal": signal.Signals(signum).name})
+        self._stopping.set()
+
+    def run(self, *, install_signal_handlers: bool = True) -> int:
+        previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._server.start()
+            self._scheduler.start()
+            host, port = self.address
+            log.info("serving", extra={"listen": f"{host}:{port}", "config": self._settings.source})
+            systemd.notify("READY=1")
+            watchdog = systemd.watchdog_interval_s()
+            tick = min(_MAIN_LOOP_TICK_S, watchdog) if watchdog else _MAIN_LOOP_TICK_S
+            while not self._stopping.wait(tick):
+                if watchdog and self.healthy()[0]:
+                    systemd.notify("WATCHDOG=1")
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 0
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def stop(self) -> None:
+        """Stop serving and kill any sweep in flight; returns within a few seconds."""
+        systemd.notify("STOPPING=1")
+        self._stopping.set()
+        self._cancel_sweep.set()
+        self._scheduler.shutdown()
+        if not self._sweep_idle.wait(KILL_GRACE_S * 2 + 1):
+            log.warning("a sweep did not stop in time; exiting anyway")
+        self._server.stop()
+        log.info("stopped")

@@ -1,0 +1,88 @@
+"""The exception hierarchy; each error renders its own sentence a user can act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # a sweep run by `once` failed, or the service failed at run time
+EXIT_USAGE = 2  # bad command-line arguments (argparse's own code)
+EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid
+EXIT_START = 3  # the service could not start (e.g. its listen address is taken)
+
+
+class MonitorError(Exception):
+    """Base class: every error the tool raises on purpose."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the configuration, located by its key path."""
+
+    path: str  # e.g. "benchmark.sizes[2]"
+    message: str  # e.g. "must be a positive integer, got -5"
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class ConfigError(MonitorError):
+    """The configuration is invalid; carries every problem found, not just the first."""
+
+    def __init__(self, source: str, problems: list[Problem]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  {p}" for p in self.problems)
+        count = len(self.problems)
+        noun = "problem" if count == 1 else "problems"
+        super().__init__(f"invalid configuration {source} ({count} {noun}):\n{lines}")
+
+
+class StartupError(MonitorError):
+    """The service cannot start for a reason outside the configuration file."""
+
+
+class BackendError(MonitorError):
+    """A backend could not time something; ``fatal`` marks what retrying cannot fix."""
+
+    fatal = False
+
+
+class BackendUnavailable(BackendError):
+    """The framework behind a backend cannot be imported or initialised."""
+
+    fatal = True
+
+    def __init__(self, backend: str, reason: str) -> None:
+        self.backend = backend
+        self.reason = reason
+        super().__init__(f"backend {backend!r} is unavailable: {reason}")
+
+
+class DeviceUnavailable(BackendError):
+    """A configured device does not exist or cannot be used."""
+
+    def __init__(self, device: str, reason: str, *, fatal: bool = False) -> None:
+        self.device = device
+        self.reason = reason
+        self.fatal = fatal
+        super().__init__(f"device {device} is unavailable: {reason}")
+
+
+class PlacementError(BackendError):
+    """A result was computed somewhere other than the device being timed."""
+
+    fatal = True
+
+    def __init__(self, device: str, actual: str) -> None:
+        self.device = device
+        self.actual = actual
+        super().__init__(f"refusing to report a timing for {device}: the result was placed on {actual}")
+
+
+class MeasurementFailed(BackendError):
+    """One point (device, size, dtype, mode) could not be timed, e.g. out of memory."""
+
+    def __init__(self, device: str, what: str, reason: str) -> None:
+        self.device = device
+        super().__init__(f"timing {what} on {device} failed: {reason}")

@@ -1,0 +1,197 @@
+"""Every exported metric name, and the collector that renders the latest state (the only prometheus_client importer).
+
+The collector reads one immutable ServiceState per scrape, so a scrape never sees half a sweep.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from monitor import __version__
+from monitor.model import CrossoverState, ServiceState, SweepResult
+
+# The metric contract: the dashboard, the alert rules and the docs use these names.
+DURATION = "matmul_duration_seconds"
+DURATION_IQR = "matmul_duration_iqr_seconds"
+DURATION_NOISY = "matmul_duration_noisy"
+FLOPS = "matmul_flops_per_second"
+CROSSOVER = "matmul_crossover_size"
+CROSSOVER_LOWER = "matmul_crossover_lower_size"
+CROSSOVER_UPPER = "matmul_crossover_upper_size"
+CROSSOVER_STATE = "matmul_crossover_state"
+DEVICE_UP = "matmul_device_up"
+DEVICE_INFO = "matmul_device_info"
+BENCHMARK_INFO = "matmul_benchmark_info"
+LAST_SUCCESS = "matmul_sweep_last_success_timestamp_seconds"
+SWEEP_DURATION = "matmul_sweep_duration_seconds"
+SWEEPS = "matmul_sweeps"  # exposed as matmul_sweeps_total
+NEXT_SWEEP = "matmul_sweep_next_timestamp_seconds"
+BUILD_INFO = "matmul_monitor_build_info"
+
+POINT_LABELS = ["backend", "device", "dtype", "mode", "size"]
+CROSSOVER_LABELS = ["backend", "gpu", "cpu", "dtype", "mode"]
+DEVICE_DETAIL_LABELS = ("compute_capability", "threads")
+ENVIRONMENT_LABELS = ("framework_version", "cuda_version", "cudnn_version", "tf32", "cpu_threads")
+
+# Every name a scrape can contain (counters with their _total suffix): the dashboard and rules tests use it.
+EXPOSED_NAMES = frozenset(
+    {
+        DURATION,
+        DURATION_IQR,
+        DURATION_NOISY,
+        FLOPS,
+        CROSSOVER,
+        CROSSOVER_LOWER,
+        CROSSOVER_UPPER,
+        CROSSOVER_STATE,
+        DEVICE_UP,
+        DEVICE_INFO,
+        BENCHMARK_INFO,
+        LAST_SUCCESS,
+        SWEEP_DURATION,
+        SWEEPS + "_total",
+        NEXT_SWEEP,
+        BUILD_INFO,
+    }
+)
+
+
+class StateCollector(Collector):
+    """Renders the ServiceState returned by ``read_state`` at scrape time."""
+
+    def __init__(self, read_state: Callable[[], ServiceState], *, backend: str, framework_version: str) -> None:
+        self._read_state = read_state
+        self._build_labels = {
+            "version": __version__,
+            "python_version": platform.python_version(),
+            "backend": backend,
+            "framework_version": framework_version,
+        }
+
+    def describe(self) -> list[Metric]:
+        return []  # collected lazily: the registry must not call collect() at registration
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._read_state()
+        yield from self._sweep_metrics(state)
+        yield from self._device_metrics(state)
+        yield from self._point_metrics(state)
+        yield from self._crossover_metrics(state)
+        build = GaugeMetricFamily(
+            BUILD_INFO, "crossover-monitor build and framework versions", labels=list(self._build_labels)
+        )
+        build.add_metric(list(self._build_labels.values()), 1)
+        yield build
+
+    def _sweep_metrics(self, state: ServiceState) -> Iterator[Metric]:
+        sweeps = CounterMetricFamily(SWEEPS, "Sweeps by how they ended", labels=["result"])
+        for result in SweepResult:
+            sweeps.add_metric([result.value], state.count(result))
+        yield sweeps
+        if state.last_outcome is not None:
+            yield GaugeMetricFamily(
+                SWEEP_DURATION, "How long the latest sweep took", value=state.last_outcome.duration_s
+            )
+        if state.last_success_at is not None:
+            yield GaugeMetricFamily(LAST_SUCCESS, "When the latest successful sweep ended", value=state.last_success_at)
+        if state.next_sweep_at is not None:
+            yield GaugeMetricFamily(NEXT_SWEEP, "When the next sweep is due", value=state.next_sweep_at)
+
+    def _device_metrics(self, state: ServiceState) -> Iterator[Metric]:
+        latest = state.latest
+        if latest is None:
+            return
+        latest_sweep = state.last_outcome.snapshot if state.last_outcome is not None else None
+        measured = latest_sweep.measured_devices if latest_sweep is not None else frozenset()
+        up = GaugeMetricFamily(
+            DEVICE_UP, "1 if the device was measured in the latest sweep, else 0", labels=["backend", "device"]
+        )
+        info = GaugeMetricFamily(
+            DEVICE_INFO,
+            "Devices the backend found",
+            labels=["backend", "device", "kind", "name", *DEVICE_DETAIL_LABELS],
+        )
+        seen = set()
+        for device in latest.devices:
+            seen.add((device.backend, device.device))
+            details = dict(device.details)
+            info.add_metric(
+                [
+                    device.backend,
+                    device.device,
+                    device.kind,
+                    device.name,
+                    *(details.get(k, "") for k in DEVICE_DETAIL_LABELS),
+                ],
+                1,
+            )
+            up.add_metric([device.backend, device.device], 1 if device.device in measured else 0)
+        for failure in latest.failures:
+            if failure.point is None and (failure.backend, failure.device) not in seen:
+                seen.add((failure.backend, failure.device))
+                up.add_metric([failure.backend, failure.device], 0)
+        yield up
+        yield info
+        environment = dict(latest.environment)
+        bench = GaugeMetricFamily(
+            BENCHMARK_INFO, "Settings and versions that change the answer", labels=["backend", *ENVIRONMENT_LABELS]
+        )
+        bench.add_metric([self._build_labels["backend"], *(environment.get(k, "") for k in ENVIRONMENT_LABELS)], 1)
+        yield bench
+
+    def _point_metrics(self, state: ServiceState) -> Iterator[Metric]:
+        if state.latest is None:
+            return
+        duration = GaugeMetricFamily(DURATION, "Median time of one n×n matrix multiplication", labels=POINT_LABELS)
+        iqr = GaugeMetricFamily(DURATION_IQR, "Interquartile range of that time", labels=POINT_LABELS)
+        noisy = GaugeMetricFamily(
+            DURATION_NOISY, "1 if the spread stayed above the target (a noisy point)", labels=POINT_LABELS
+        )
+        flops = GaugeMetricFamily(FLOPS, "Achieved rate, 2·n³ / median", labels=POINT_LABELS)
+        for m in state.latest.measurements:
+            labels = [m.key.backend, m.key.device, m.key.dtype, m.key.mode, str(m.key.size)]
+            duration.add_metric(labels, m.timing.median_s)
+            iqr.add_metric(labels, m.timing.iqr_s)
+            noisy.add_metric(labels, 1 if m.timing.noisy else 0)
+            flops.add_metric(labels, m.flops_per_second)
+        yield from (duration, iqr, noisy, flops)
+
+    def _crossover_metrics(self, state: ServiceState) -> Iterator[Metric]:
+        if state.latest is None:
+            return
+        size = GaugeMetricFamily(CROSSOVER, "Matrix size n* from which the GPU beats the CPU", labels=CROSSOVER_LABELS)
+        lower = GaugeMetricFamily(CROSSOVER_LOWER, "Lower bound of the bracket around n*", labels=CROSSOVER_LABELS)
+        upper = GaugeMetricFamily(CROSSOVER_UPPER, "Upper bound of the bracket around n*", labels=CROSSOVER_LABELS)
+        states = GaugeMetricFamily(
+            CROSSOVER_STATE, "1 for the current crossover state", labels=[*CROSSOVER_LABELS, "state"]
+        )
+        for c in state.latest.crossovers:
+            labels = [c.backend, c.gpu, c.cpu, c.dtype, c.mode]
+            if c.size is not None:
+                size.add_metric(labels, c.size)
+            if c.lower is not None and c.upper is not None:
+                lower.add_metric(labels, c.lower)
+                upper.add_metric(labels, c.upper)
+            for s in CrossoverState:
+                states.add_metric([*labels, s.value], 1 if s is c.state else 0)
+        yield from (size, lower, upper, states)
+
+
+def build_registry(
+    read_state: Callable[[], ServiceState], *, backend: str, framework_version: str
+) -> CollectorRegistry:
+    """A registry of the service's own (never the global one) holding only the state collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StateCollector(read_state, backend=backend, framework_version=framework_version))
+    return registry
+
+
+def render(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
+    """The exposition body and its content type, in the format the scraper asked for."""
+    encoder, content_type = choose_encoder(accept_header or "")
+    return encoder(registry), content_type

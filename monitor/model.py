@@ -1,0 +1,164 @@
+"""The shared vocabulary: immutable value objects passed between the layers (stdlib only)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["compute", "end_to_end"]
+DeviceKind = Literal["cpu", "gpu"]
+
+MODES: tuple[Mode, ...] = ("compute", "end_to_end")
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+
+
+class SweepResult(enum.Enum):
+    """How one scheduled sweep ended; the label values of ``matmul_sweeps_total``."""
+
+    SUCCESS = "success"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    SKIPPED = "skipped"
+
+
+class CrossoverState(enum.Enum):
+    """Where the GPU stands against the CPU over the measured sizes."""
+
+    FOUND = "found"
+    GPU_NEVER_FASTER = "gpu_never_faster"
+    GPU_ALWAYS_FASTER = "gpu_always_faster"
+    AMBIGUOUS = "ambiguous"
+    NO_GPU = "no_gpu"  # nothing to compare with: no GPU was found or measured
+
+
+class StopReason(enum.Enum):
+    """Why the timing loop stopped repeating blocks for one point."""
+
+    CONVERGED = "converged"  # relative IQR fell under the target
+    BUDGET = "budget"  # the per-size time budget was spent
+    MAX_BLOCKS = "max_blocks"  # the block cap was reached while still noisy
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceInfo:
+    """One device a backend can time, with what identifies it."""
+
+    backend: str
+    device: str  # the framework's own name, e.g. "/GPU:0"
+    kind: DeviceKind
+    name: str  # human model name, e.g. "NVIDIA H200"
+    details: tuple[tuple[str, str], ...] = ()  # e.g. (("compute_capability", "9.0"),)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointKey:
+    """What one measurement is of."""
+
+    backend: str
+    device: str
+    dtype: str
+    mode: Mode
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """The statistics of one point: per-call seconds over repeated timed blocks."""
+
+    median_s: float
+    iqr_s: float
+    blocks: int
+    calls_per_block: int
+    stop_reason: StopReason
+    noisy: bool
+    samples_s: tuple[float, ...] = ()  # per-call time of each block, in timing order
+
+    @property
+    def relative_iqr(self) -> float:
+        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement:
+    """One timed point: ``C = A @ B`` for n×n operands on one device."""
+
+    key: PointKey
+    timing: Timing
+
+    @property
+    def flops_per_second(self) -> float:
+        n = self.key.size
+        return 2.0 * n**3 / self.timing.median_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class Crossover:
+    """The crossover of one GPU against one CPU, for one dtype and mode."""
+
+    backend: str
+    gpu: str
+    cpu: str
+    dtype: str
+    mode: Mode
+    state: CrossoverState
+    size: float | None = None  # interpolated n*, only when state is FOUND
+    lower: float | None = None  # bracket (or confidence bounds) around n*
+    upper: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceFailure:
+    """A device (or one point on it) that could not be measured, and why."""
+
+    backend: str
+    device: str
+    reason: str
+    point: PointKey | None = None  # None: the whole device failed
+    fatal: bool = False  # retrying next sweep cannot help (e.g. the device does not exist)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Snapshot:
+    """The coherent outcome of one completed sweep; never mutated after it is built."""
+
+    started_at: float  # unix seconds
+    finished_at: float
+    devices: tuple[DeviceInfo, ...]
+    measurements: tuple[Measurement, ...]
+    crossovers: tuple[Crossover, ...]
+    failures: tuple[DeviceFailure, ...] = ()
+    environment: tuple[tuple[str, str], ...] = ()  # framework versions, TF32, threads, …
+
+    @property
+    def measured_devices(self) -> frozenset[str]:
+        return frozenset(m.key.device for m in self.measurements)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOutcome:
+    """What the latest sweep attempt did, successful or not."""
+
+    result: SweepResult
+    started_at: float
+    finished_at: float
+    reason: str = ""  # why it failed, for logs and `once`
+    snapshot: Snapshot | None = None  # present when the worker completed
+
+    @property
+    def duration_s(self) -> float:
+        return self.finished_at - self.started_at
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServiceState:
+    """Everything the HTTP side reads, replaced as a whole after each sweep."""
+
+    latest: Snapshot | None = None  # latest sweep whose worker completed
+    last_success_at: float | None = None
+    last_outcome: SweepOutcome | None = None
+    sweeps: tuple[tuple[SweepResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in SweepResult))
+    next_sweep_at: float | None = None
+
+    def count(self, result: SweepResult) -> int:
+        return dict(self.sweeps)[result]

@@ -1,0 +1,122 @@
+"""The plan a sweep sends to its worker and the JSON lines the worker streams back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from monitor.config import BenchmarkSettings, TimingSettings
+from monitor.model import DeviceFailure, DeviceInfo, Measurement, Mode, PointKey, StopReason, Timing
+
+
+class ProtocolError(ValueError):
+    """A line from the worker is not a message this version understands."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Everything a worker needs to time one sweep."""
+
+    backend: str
+    devices: tuple[str, ...] | None
+    sizes: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    modes: tuple[Mode, ...]
+    tf32: bool
+    cpu_threads: int | None
+    timing: TimingSettings
+
+    @classmethod
+    def from_settings(cls, bench: BenchmarkSettings) -> Plan:
+        return cls(
+            backend=bench.backend,
+            devices=bench.devices,
+            sizes=bench.sizes,
+            dtypes=bench.dtypes,
+            modes=bench.modes,
+            tf32=bench.tf32,
+            cpu_threads=bench.cpu_threads,
+            timing=bench.timing,
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        data = json.loads(text)
+        devices = data.pop("devices")
+        return cls(
+            devices=tuple(devices) if devices is not None else None,
+            sizes=tuple(data.pop("sizes")),
+            dtypes=tuple(data.pop("dtypes")),
+            modes=tuple(data.pop("modes")),
+            timing=TimingSettings(**data.pop("timing")),
+            **data,
+        )
+
+
+@dataclass(frozen=True)
+class Environment:
+    values: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+@dataclass(frozen=True)
+class Fatal:
+    reason: str
+
+
+Message = Environment | DeviceInfo | Measurement | DeviceFailure | Done | Fatal
+
+
+def encode(message: Message) -> str:
+    """One JSON line (without the newline) for a message."""
+    if isinstance(message, Environment):
+        body: dict[str, Any] = {"type": "environment", "values": message.values}
+    elif isinstance(message, DeviceInfo):
+        body = {"type": "device", **dataclasses.asdict(message)}
+    elif isinstance(message, Measurement):
+        timing = dataclasses.asdict(message.timing)
+        timing["stop_reason"] = message.timing.stop_reason.value
+        body = {"type": "measurement", "key": dataclasses.asdict(message.key), "timing": timing}
+    elif isinstance(message, DeviceFailure):
+        body = {"type": "failure", **dataclasses.asdict(message)}
+    elif isinstance(message, Done):
+        body = {"type": "done"}
+    else:
+        body = {"type": "fatal", "reason": message.reason}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def decode(line: str) -> Message:
+    """The message in one line from the worker; raises ProtocolError for anything else."""
+    try:
+        body = json.loads(line)
+        kind = body.pop("type")
+        if kind == "environment":
+            return Environment({str(k): str(v) for k, v in body["values"].items()})
+        if kind == "device":
+            body["details"] = tuple(tuple(pair) for pair in body["details"])
+            return DeviceInfo(**body)
+        if kind == "measurement":
+            timing = body["timing"]
+            timing["stop_reason"] = StopReason(timing["stop_reason"])
+            timing["samples_s"] = tuple(timing["samples_s"])
+            return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing))
+        if kind == "failure":
+            point = body.pop("point")
+            return DeviceFailure(point=PointKey(**point) if point else None, **body)
+        if kind == "done":
+            return Done()
+        if kind == "fatal":
+            return Fatal(str(body["reason"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ProtocolError(f"malformed worker message {line[:200]!r}: {exc}") from None
+    raise ProtocolError(f"unknown worker message type {kind!r}")

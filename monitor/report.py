@@ -1,0 +1,105 @@
+"""Human and JSON renderings of one sweep, for ``crossover-monitor once``."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import Any
+
+from monitor.model import Crossover, CrossoverState, Measurement, SweepOutcome
+
+
+def _format_seconds(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _speedups(outcome: SweepOutcome) -> dict[tuple[str, str, str, int], float]:
+    """CPU time over GPU time per (gpu device, dtype, mode, size), against the backend's CPU."""
+    assert outcome.snapshot is not None  # noqa: S101 - callers check
+    snapshot = outcome.snapshot
+    cpus = {d.device for d in snapshot.devices if d.kind == "cpu"}
+    cpu_time = {
+        (m.key.dtype, m.key.mode, m.key.size): m.timing.median_s for m in snapshot.measurements if m.key.device in cpus
+    }
+    ratios: dict[tuple[str, str, str, int], float] = {}
+    for m in snapshot.measurements:
+        reference = cpu_time.get((m.key.dtype, m.key.mode, m.key.size))
+        if m.key.device not in cpus and reference is not None:
+            ratios[(m.key.device, m.key.dtype, m.key.mode, m.key.size)] = reference / m.timing.median_s
+    return ratios
+
+
+def _crossover_line(c: Crossover) -> str:
+    head = (
+        f"{c.cpu}  {c.dtype} {c.mode}: "
+        if c.state is CrossoverState.NO_GPU
+        else f"{c.gpu} vs {c.cpu}  {c.dtype} {c.mode}: "
+    )
+    if c.state is CrossoverState.FOUND and c.size is not None:
+        return head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g})"
+    text = {
+        CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",
+        CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
+        CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
+        CrossoverState.NO_GPU: "no GPU was measured, so there is nothing to compare the CPU with",
+    }[c.state]
+    return head + text
+
+
+def render_table(outcome: SweepOutcome) -> str:
+    """A table per device and mode (size, median, IQR, GFLOP/s, GPU speed-up), then the crossovers."""
+    lines = [
+        f"sweep {outcome.result.value} in {outcome.duration_s:.1f}s" + (f": {outcome.reason}" if outcome.reason else "")
+    ]
+    snapshot = outcome.snapshot
+    if snapshot is None:
+        return "\n".join(lines)
+    lines += [f"{k}: {v}" for k, v in snapshot.environment]
+    speedups = _speedups(outcome)
+    groups: dict[tuple[str, str, str], list[Measurement]] = {}
+    for m in snapshot.measurements:
+        groups.setdefault((m.key.device, m.key.dtype, m.key.mode), []).append(m)
+    names = {d.device: d.name for d in snapshot.devices}
+    for (device, dtype, mode), points in groups.items():
+        lines += ["", f"{device} ({names.get(device, '?')})  {dtype}  {mode}"]
+        lines.append(f"{'size':>7} {'median':>10} {'IQR':>10} {'GFLOP/s':>9} {'GPU speed-up':>12}")
+        for m in sorted(points, key=lambda p: p.key.size):
+            ratio = speedups.get((device, dtype, mode, m.key.size))
+            flag = "  noisy" if m.timing.noisy else ""
+            lines.append(
+                f"{m.key.size:>7} {_format_seconds(m.timing.median_s):>10} {_format_seconds(m.timing.iqr_s):>10} "
+                f"{m.flops_per_second / 1e9:>9.3g} {f'{ratio:.2f}x' if ratio is not None else '-':>12}{flag}"
+            )
+    lines.append("")
+    if snapshot.crossovers:
+        lines.append("crossovers:")
+        lines += [f"  {_crossover_line(c)}" for c in snapshot.crossovers]
+    else:
+        lines.append("crossovers: none")
+    for f in snapshot.failures:
+        lines.append(f"failed: {f.device}: {f.reason}")
+    return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def render_json(outcome: SweepOutcome) -> str:
+    """The whole outcome as JSON (also the input of ``plot``)."""
+    body = _plain(dataclasses.asdict(outcome))
+    if outcome.snapshot is not None:
+        body["snapshot"]["environment"] = dict(outcome.snapshot.environment)
+        for m, raw in zip(outcome.snapshot.measurements, body["snapshot"]["measurements"], strict=True):
+            raw["flops_per_second"] = m.flops_per_second
+    return json.dumps(body, indent=2)

@@ -1,0 +1,81 @@
+"""The HTTP endpoints: /metrics, /healthz (alive) and /readyz (has results to serve)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import AF_INET6
+
+from prometheus_client.core import CollectorRegistry
+
+from monitor.metrics import render
+
+log = logging.getLogger(__name__)
+
+# (ok, a one-line explanation) for the health and readiness probes.
+Probe = Callable[[], tuple[bool, str]]
+
+_INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
+<h1>crossover-monitor</h1>
+<p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a> &middot; <a href="/readyz">/readyz</a></p>
+</body></html>
+"""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class MetricsServer:
+    """Serves the registry and the probes on a background thread."""
+
+    def __init__(self, host: str, port: int, registry: CollectorRegistry, *, healthy: Probe, ready: Probe) -> None:
+        handler = _handler(registry, healthy, ready)
+        server_class = type("_Server6", (_Server,), {"address_family": AF_INET6}) if ":" in host else _Server
+        self._httpd = server_class((host, port), handler)  # raises OSError if the address is taken
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._httpd.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+def _handler(registry: CollectorRegistry, healthy: Probe, ready: Probe) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "crossover-monitor"
+
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, content_type = render(registry, self.headers.get("Accept"))
+                self._send(200, body, content_type)
+            elif path in ("/healthz", "/readyz"):
+                ok, message = (healthy if path == "/healthz" else ready)()
+                self._send(200 if ok else 503, (message + "\n").encode(), "text/plain; charset=utf-8")
+            elif path == "/":
+                self._send(200, _INDEX, "text/html; charset=utf-8")
+            else:
+                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+            log.debug("http: %s", format % args)
+
+    return Handler

@@ -1,0 +1,38 @@
+"""The one mutable cell of the service: the current ServiceState, replaced whole under a lock."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+from monitor.model import ServiceState, SweepOutcome, SweepResult
+
+
+class StateStore:
+    """Readers get an immutable ServiceState; writers replace it atomically."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = ServiceState()
+
+    def read(self) -> ServiceState:
+        return self._state  # a reference read is atomic; the object itself never changes
+
+    def _counted(self, state: ServiceState, result: SweepResult) -> ServiceState:
+        sweeps = tuple((r, n + 1 if r is result else n) for r, n in state.sweeps)
+        return dataclasses.replace(state, sweeps=sweeps)
+
+    def record(self, outcome: SweepOutcome) -> None:
+        """A finished sweep: its snapshot (if the worker completed) replaces the served one."""
+        with self._lock:
+            state = self._counted(self._state, outcome.result)
+            changes: dict[str, object] = {"last_outcome": outcome}
+            if outcome.snapshot is not None:
+                changes["latest"] = outcome.snapshot
+            if outcome.result is SweepResult.SUCCESS:
+                changes["last_success_at"] = outcome.finished_at
+            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+    def record_skipped(self) -> None:
+        with self._lock:
+            self._state = self._counted(self._state, SweepResult.SKIPPED)

@@ -1,0 +1,228 @@
+"""One sweep: start a worker process, feed it the plan, enforce the deadline, build the outcome.
+
+The daemon never imports a framework: all timing happens in the worker, a fresh interpreter
+in its own process group, killed with that group when it overruns or the service stops.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+from monitor.crossover import crossovers
+from monitor.model import DeviceFailure, DeviceInfo, Measurement, Snapshot, SweepOutcome, SweepResult
+from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = 2.0  # SIGTERM first, then SIGKILL after this long
+
+
+class EndOfStream:
+    """The worker closed its message stream (it exited or died)."""
+
+
+END_OF_STREAM = EndOfStream()
+
+
+class Worker(Protocol):
+    """A running worker: a stream of messages that can be stopped."""
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        """The next message, END_OF_STREAM when the stream ended, None if nothing came in time."""
+        ...
+
+    def stop(self) -> int | None:
+        """Kill the worker (its whole process group) and return its exit status."""
+        ...
+
+    def exit_status(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` for a clean exit; None if it is still running."""
+        ...
+
+    def diagnostics(self) -> str:
+        """The last lines the worker wrote to stderr."""
+        ...
+
+
+Launcher = Callable[[Plan], Worker]
+
+
+class SubprocessWorker:
+    """``python -m monitor.bench.worker`` in a new session (process group), plan on stdin."""
+
+    def __init__(self, plan: Plan, env: dict[str, str] | None = None) -> None:
+        worker_env = dict(os.environ if env is None else env)
+        worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter off unless asked
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "monitor.bench.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            start_new_session=True,
+            env=worker_env,
+        )
+        self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        assert self._process.stdin is not None  # noqa: S101 - PIPE was asked for
+        assert self._process.stdout is not None  # noqa: S101
+        assert self._process.stderr is not None  # noqa: S101
+        threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True).start()
+        try:
+            self._process.stdin.write(plan.to_json() + "\n")
+            self._process.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; its exit status tells why
+
+    def _read_stdout(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                self._messages.put(decode(line))
+            except ProtocolError as exc:
+                self._messages.put(Fatal(str(exc)))
+        self._messages.put(END_OF_STREAM)
+
+    def _read_stderr(self, stream: IO[str]) -> None:
+        for line in stream:
+            self._stderr.append(line.rstrip())
+            log.debug("worker: %s", line.rstrip())
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        try:
+            return self._messages.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+    def exit_status(self, timeout: float) -> int | None:
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> int | None:
+        status = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, sig)
+            status = self.exit_status(KILL_GRACE_S)
+            if status is not None:
+                break
+        # Children the worker started (e.g. a framework's helper) die with its group too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        return status
+
+    def diagnostics(self) -> str:
+        return " | ".join(self._stderr)
+
+
+def launch_subprocess(plan: Plan) -> Worker:
+    return SubprocessWorker(plan)
+
+
+@dataclass
+class _Collected:
+    environment: dict[str, str] = field(default_factory=dict)
+    devices: list[DeviceInfo] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    failures: list[DeviceFailure] = field(default_factory=list)
+
+    def add(self, message: Message) -> None:
+        if isinstance(message, Environment):
+            self.environment.update(message.values)
+        elif isinstance(message, DeviceInfo):
+            self.devices.append(message)
+        elif isinstance(message, Measurement):
+            self.measurements.append(message)
+        elif isinstance(message, DeviceFailure):
+            self.failures.append(message)
+            log.warning(
+                "device failed" if message.point is None else "point failed",
+                extra={"device": message.device, "reason": message.reason},
+            )
+
+
+def _collect(
+    worker: Worker,
+    collected: _Collected,
+    *,
+    deadline: float,
+    timeout_s: float,
+    cancel: threading.Event,
+    monotonic: Callable[[], float],
+) -> tuple[SweepResult, str] | None:
+    """Read messages until the worker is done (None) or the sweep must end (its result and reason)."""
+    while True:
+        if cancel.is_set():
+            return SweepResult.FAILED, "cancelled: the service is stopping"
+        remaining = deadline - monotonic()
+        if remaining <= 0:
+            return SweepResult.TIMEOUT, f"the sweep passed its {timeout_s:g}s deadline and was killed"
+        message = worker.next_message(min(remaining, 0.2))
+        if message is None:
+            continue
+        if isinstance(message, EndOfStream):
+            status = worker.exit_status(KILL_GRACE_S)
+            return SweepResult.FAILED, f"the worker exited (status {status}) before finishing"
+        if isinstance(message, Fatal):
+            return SweepResult.FAILED, message.reason
+        if isinstance(message, Done):
+            return None
+        collected.add(message)
+
+
+def run_sweep(
+    plan: Plan,
+    *,
+    timeout_s: float,
+    cancel: threading.Event,
+    launch: Launcher = launch_subprocess,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> SweepOutcome:
+    """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults."""
+    started = clock()
+    collected = _Collected()
+    worker = launch(plan)
+    stopped = _collect(
+        worker, collected, deadline=monotonic() + timeout_s, timeout_s=timeout_s, cancel=cancel, monotonic=monotonic
+    )
+    if stopped is not None:
+        result, reason = stopped
+        status = worker.stop()
+        detail = worker.diagnostics()
+        if detail:
+            reason = f"{reason} (exit status {status}; worker stderr: {detail[-500:]})"
+        return SweepOutcome(result=result, started_at=started, finished_at=clock(), reason=reason)
+    if worker.exit_status(KILL_GRACE_S) is None:
+        worker.stop()
+    snapshot = Snapshot(
+        started_at=started,
+        finished_at=clock(),
+        devices=tuple(collected.devices),
+        measurements=tuple(collected.measurements),
+        crossovers=crossovers(collected.devices, collected.measurements),
+        failures=tuple(collected.failures),
+        environment=tuple(sorted(collected.environment.items())),
+    )
+    device_failures = [f.reason for f in collected.failures if f.point is None]
+    result = SweepResult.FAILED if device_failures or not collected.measurements else SweepResult.SUCCESS
+    reason = "; ".join(device_failures) or ("" if collected.measurements else "no device produced a measurement")
+    return SweepOutcome(
+        result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
+    )

@@ -1,0 +1,25 @@
+# Sourced by scripts/run and scripts/test: a virtual environment in .venv with the project installed.
+# Usage: bootstrap_venv EXTRA   (EXTRA is a pip extra such as "test", or empty)
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_install() {
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$@"
+}
+
+bootstrap_venv() {
+  local extra="$1" python="${PYTHON:-python3}"
+  if [ ! -x .venv/bin/python ]; then
+    # Debian and Ubuntu ship venv's pip bootstrap separately.
+    "$python" -m venv .venv 2>/dev/null || { rm -rf .venv; apt_install python3-venv && "$python" -m venv .venv; }
+  fi
+  .venv/bin/python -m pip install -q --upgrade pip
+  if [ -n "$extra" ]; then
+    .venv/bin/python -m pip install -q -e ".[$extra]"
+  else
+    .venv/bin/python -m pip install -q -e .
+  fi
+}
