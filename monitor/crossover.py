@@ -40,7 +40,8 @@ def find_crossover(
 def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement]) -> tuple[Crossover, ...]:
     """One crossover per (GPU, CPU, dtype, mode) of each backend that has common sizes measured.
 
-    A CPU measured with no GPU measured beside it gets the explicit state NO_GPU (gpu="none").
+    A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
+    found but measured nothing gets no crossover (its ``matmul_device_up`` says why).
     """
     medians: dict[tuple[str, str, str, Mode], dict[int, float]] = {}
     for m in measurements:
@@ -57,8 +58,9 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
                 for gpu in gpus
                 if gpu.backend == backend
             ]
-            measured = [p for p in pairs if p is not None]
-            found.extend(measured or _no_gpu(medians, backend, cpu.device, dtype, mode))
+            found.extend(p for p in pairs if p is not None)
+            if not pairs:
+                found.extend(_no_gpu(medians, backend, cpu.device, dtype, mode))
     return tuple(found)
 
 

@@ -89,6 +89,11 @@ class SubprocessWorker:
         except BrokenPipeError:
             pass  # it died at once; its exit status tells why
 
+    @property
+    def pid(self) -> int:
+        """The worker's pid, which is also its process group id."""
+        return self._process.pid
+
     def _read_stdout(self, stream: IO[str]) -> None:
         for line in stream:
             try:

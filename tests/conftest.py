@@ -1,0 +1,47 @@
+"""Shared fixtures: small plans and settings that keep real sweeps to seconds."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from monitor.config import TimingSettings
+from monitor.model import Mode
+from monitor.protocol import Plan
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK_TIMING = TimingSettings(
+    warmup_calls=1, block_s=0.002, min_blocks=3, max_blocks=10, target_spread=0.2, size_budget_s=0.2
+)
+
+
+def make_plan(
+    backend: str,
+    sizes: tuple[int, ...] = (16, 32, 64, 128),
+    modes: tuple[Mode, ...] = ("compute", "end_to_end"),
+    devices: tuple[str, ...] | None = None,
+) -> Plan:
+    return Plan(
+        backend=backend,
+        devices=devices,
+        sizes=sizes,
+        dtypes=("float32",),
+        modes=modes,
+        tf32=False,
+        cpu_threads=None,
+        timing=QUICK_TIMING,
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(autouse=True)
+def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers import the fake backends as 'tests.fakes', so they start from the repository root."""
+    monkeypatch.chdir(REPO)

@@ -1,0 +1,113 @@
+"""Fault-injecting and known-curve backends, loaded by the real worker as plugins ("tests.fakes:NAME").
+
+They exercise the real worker, sweep, daemon and exporter without a GPU: the curves have a known
+crossover, and the faults (hang, crash, a failing device) are what a real framework can do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+
+from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.errors import DeviceUnavailable
+from monitor.model import DeviceInfo, Mode
+
+CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="Fake CPU")
+GPU = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="Fake GPU", details=(("compute_capability", "9.0"),))
+
+
+def cpu_seconds(size: int) -> float:
+    """A CPU that does 2 GFLOP/s with 2 µs of overhead."""
+    return 2e-6 + 2 * size**3 / 2e9
+
+
+def gpu_seconds(size: int, mode: Mode) -> float:
+    """A GPU with 100 µs of launch cost (300 µs with copies) and 200 GFLOP/s."""
+    fixed = 1e-4 if mode == "compute" else 3e-4
+    return fixed + 2 * size**3 / 2e11
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class CurveBackend:
+    """Devices whose per-call time follows cpu_seconds / gpu_seconds, so the crossover is known."""
+
+    name = "fake"
+
+    def __init__(self, options: BackendOptions) -> None:
+        self.options = options
+
+    def environment(self) -> Mapping[str, str]:
+        return {"framework": "fake", "framework_version": "1.0", "tf32": str(self.options.tf32).lower()}
+
+    def discover(self) -> Sequence[DeviceInfo]:
+        return [CPU, GPU]
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        seconds = cpu_seconds(size) if device.kind == "cpu" else gpu_seconds(size, mode)
+
+        def run(calls: int) -> None:
+            _spin(seconds * calls)
+
+        return run
+
+
+class HangingBackend(CurveBackend):
+    """Hangs in the first GPU block, as a wedged driver call would."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu":
+            return lambda _calls: time.sleep(3600)
+        return super().prepare(device, size, dtype, mode)
+
+
+class CrashingBackend(CurveBackend):
+    """Dies with SIGSEGV in the first GPU block, as a crashing native library would."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu":
+            return lambda _calls: os.kill(os.getpid(), signal.SIGSEGV)
+        return super().prepare(device, size, dtype, mode)
+
+
+class BrokenGpuBackend(CurveBackend):
+    """A GPU that fails every time it is used; the CPU keeps working."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu":
+            raise DeviceUnavailable(device.device, "CUDA_ERROR_ECC_UNCORRECTABLE (injected)")
+        return super().prepare(device, size, dtype, mode)
+
+
+class SlowBackend(CurveBackend):
+    """Every block takes a second, so a sweep is reliably in flight when the test signals."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        return lambda _calls: time.sleep(1.0)
+
+
+def curve(options: BackendOptions) -> CurveBackend:
+    return CurveBackend(options)
+
+
+def hanging(options: BackendOptions) -> CurveBackend:
+    return HangingBackend(options)
+
+
+def crashing(options: BackendOptions) -> CurveBackend:
+    return CrashingBackend(options)
+
+
+def broken_gpu(options: BackendOptions) -> CurveBackend:
+    return BrokenGpuBackend(options)
+
+
+def slow(options: BackendOptions) -> CurveBackend:
+    return SlowBackend(options)

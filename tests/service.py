@@ -1,0 +1,112 @@
+"""Runs the real service as a subprocess on loopback, for integration tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO, free_port
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+class RunningService:
+    """``python -m monitor run`` with a config written to a temp dir; stopped by ``stop``."""
+
+    def __init__(self, tmp_path: Path, config: str) -> None:
+        self.port = free_port()
+        self.config = tmp_path / "config.yaml"
+        self.config.write_text(config)
+        self.log = tmp_path / "service.log"
+        self._log_file = self.log.open("w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "monitor",
+                "--log-level",
+                "debug",
+                "run",
+                "--config",
+                str(self.config),
+                "--listen",
+                f"127.0.0.1:{self.port}",
+            ],
+            cwd=REPO,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """Status, content type and body of a GET, without raising on 503."""
+        request = urllib.request.Request(self.url + path, headers=headers or {})  # noqa: S310 - loopback
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+                return response.status, response.headers["Content-Type"], response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+    def scrape(self) -> Samples:
+        _, _, body = self.get("/metrics")
+        return parse(body)
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(
+                    f"service exited with {self.process.returncode} waiting for {what}:\n{self.logs()}"
+                )
+            try:
+                if condition():
+                    return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.logs()}")
+
+    def wait_for_sweeps(self, result: str, count: int = 1, timeout: float = 90) -> Samples:
+        key = ("matmul_sweeps_total", frozenset({("result", result)}))
+        self.wait_for(lambda: self.scrape().get(key, 0) >= count, timeout, f"{count} {result} sweep(s)")
+        return self.scrape()
+
+    def logs(self) -> str:
+        self._log_file.flush()
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log_file.close()
+        return self.process.returncode
+
+
+def parse(body: str) -> Samples:
+    """Every sample of an exposition, keyed by name and label set."""
+    samples: Samples = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def find(samples: Samples, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of one metric whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return {key: value for (n, key), value in samples.items() if n == name and wanted <= key}

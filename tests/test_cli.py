@@ -1,0 +1,81 @@
+"""The command line: version, `once` in both formats, and usage errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor import __version__
+from monitor.cli import main
+from tests.conftest import REPO
+
+CONFIG = """
+benchmark:
+  backend: "tests.fakes:curve"
+  sizes: [16, 32, 64, 128]
+  timing: {size_budget: 200ms, block_time: 2ms, min_blocks: 3}
+"""
+
+
+def _once(tmp_path: Path, *flags: str, config: str = CONFIG) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "config.yaml"
+    path.write_text(config)
+    return subprocess.run(
+        [sys.executable, "-m", "monitor", "once", "--config", str(path), *flags],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """--version prints the package version."""
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert __version__ in capsys.readouterr().out
+
+
+def test_once_prints_tables_with_speedup_and_crossover(tmp_path: Path) -> None:
+    """`once` prints per-device tables with GFLOP/s and GPU speed-up, then the crossovers."""
+    result = _once(tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "/GPU:0 (Fake GPU)  float32  compute" in out
+    assert "GPU speed-up" in out
+    assert "GPU faster from n ≈" in out
+    assert "between measured sizes 32 and 64" in out
+
+
+def test_once_json_is_machine_readable(tmp_path: Path) -> None:
+    """`once --json` prints the outcome with measurements, crossovers and environment."""
+    result = _once(tmp_path, "--json")
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["result"] == "success"
+    snapshot = body["snapshot"]
+    assert snapshot["environment"]["framework"] == "fake"
+    assert {m["key"]["device"] for m in snapshot["measurements"]} == {"/CPU:0", "/GPU:0"}
+    assert all(m["flops_per_second"] > 0 for m in snapshot["measurements"])
+    assert {c["state"] for c in snapshot["crossovers"]} == {"found"}
+
+
+def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
+    """A failed sweep makes `once` exit 1 and say why."""
+    result = _once(tmp_path, config=CONFIG.replace("tests.fakes:curve", "tests.fakes:crashing"))
+    assert result.returncode == 1
+    assert "sweep failed" in result.stdout
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's exit code 2 for usage errors, distinct from config errors (78)."""
+    with pytest.raises(SystemExit) as caught:
+        main(["explode"])
+    assert caught.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err

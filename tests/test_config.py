@@ -1,0 +1,209 @@
+"""Configuration: defaults, every documented key, and the errors a user sees for bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import main
+from monitor.config import (
+    DEFAULT_PORT,
+    Settings,
+    load_settings,
+    parse_duration,
+    settings_from_mapping,
+    with_listen,
+)
+from monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (document, key path the message must name, a fragment of the message)
+BAD_CONFIGS = [
+    ("nonsense: 1", "nonsense", "unknown key"),
+    ("schedule: {every: 5m}", "schedule.every", "unknown key"),
+    ("schedule: 5m", "schedule", "must be a mapping"),
+    ("schedule: {interval: soon}", "schedule.interval", "duration"),
+    ("schedule: {interval: 0}", "schedule.interval", "greater than zero"),
+    ("schedule: {interval: -30s}", "schedule.interval", "duration"),
+    ("schedule: {interval: 5m, cron: '*/5 * * * *'}", "schedule", "not both"),
+    ("schedule: {cron: '0 0 31 2 *'}", "schedule.cron", "never fires"),
+    ("schedule: {cron: '*/5 * * *'}", "schedule.cron", "5-field"),
+    ("schedule: {cron: '99 * * * *'}", "schedule.cron", "higher than the maximum"),
+    ("schedule: {cron: 15}", "schedule.cron", "crontab string"),
+    ("schedule: {interval: 1m, jitter: 2m}", "schedule.jitter", "shorter than the interval"),
+    ("schedule: {jitter: [1]}", "schedule.jitter", "duration"),
+    ("benchmark: {backend: cuda}", "benchmark.backend", "unknown backend"),
+    ("benchmark: {devices: gpu}", "benchmark.devices", "'auto' or a list"),
+    ("benchmark: {devices: []}", "benchmark.devices", "must not be empty"),
+    ("benchmark: {devices: ['/GPU:0', '/GPU:0']}", "benchmark.devices[1]", "duplicate"),
+    ("benchmark: {devices: [3]}", "benchmark.devices[0]", "device name"),
+    ("benchmark: {sizes: []}", "benchmark.sizes", "must not be empty"),
+    ("benchmark: {sizes: 100}", "benchmark.sizes", "must be a list"),
+    ("benchmark: {sizes: [10, -5]}", "benchmark.sizes[1]", "positive integer"),
+    ("benchmark: {sizes: [10, 0]}", "benchmark.sizes[1]", "positive integer"),
+    ("benchmark: {sizes: [10, 10]}", "benchmark.sizes[1]", "duplicate"),
+    ("benchmark: {sizes: [10, 2.5]}", "benchmark.sizes[1]", "positive integer"),
+    ("benchmark: {sizes: [true]}", "benchmark.sizes[0]", "positive integer"),
+    ("benchmark: {sizes: [100000]}", "benchmark.sizes[0]", "at most"),
+    ("benchmark: {dtypes: [float8]}", "benchmark.dtypes[0]", "unknown dtype"),
+    ("benchmark: {dtypes: [float32, float32]}", "benchmark.dtypes[1]", "duplicate"),
+    ("benchmark: {modes: [fast]}", "benchmark.modes[0]", "unknown mode"),
+    ("benchmark: {timeout: 0s}", "benchmark.timeout", "greater than zero"),
+    ("benchmark: {tf32: 'yes'}", "benchmark.tf32", "true or false"),
+    ("benchmark: {cpu_threads: 0}", "benchmark.cpu_threads", "at least 1"),
+    ("benchmark: {cpu_threads: many}", "benchmark.cpu_threads", "integer"),
+    ("benchmark: {timing: {target_spread: 5}}", "benchmark.timing.target_spread", "between 0 and 1"),
+    ("benchmark: {timing: {min_blocks: 1}}", "benchmark.timing.min_blocks", "at least 3"),
+    ("benchmark: {timing: {min_blocks: 10, max_blocks: 5}}", "benchmark.timing.max_blocks", "at least min_blocks"),
+    ("benchmark: {timing: {block_time: fast}}", "benchmark.timing.block_time", "duration"),
+    ("benchmark: {timing: {repeats: 3}}", "benchmark.timing.repeats", "unknown key"),
+    ("server: {listen: 9437}", "server.listen", "HOST:PORT"),
+    ("server: {listen: 'localhost'}", "server.listen", "HOST:PORT"),
+    ("server: {listen: '0.0.0.0:70000'}", "server.listen", "between 1 and 65535"),
+    ("server: {listen: '::1:9437'}", "server.listen", "brackets"),
+    ("server: {listen: 'bad host!:9437'}", "server.listen", "host name"),
+    ("server: {port: 9437}", "server.port", "unknown key"),
+    ("- just\n- a list", "", "top level must be a mapping"),
+    ("schedule: {interval: 5m\n", "", "not valid YAML"),
+]
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_no_file_gives_the_documented_defaults() -> None:
+    """Running without a config file uses the embedded defaults from the README."""
+    settings = load_settings(None)
+    assert settings.schedule.interval_s == 900
+    assert settings.schedule.cron is None
+    assert settings.benchmark.backend == "tensorflow"
+    assert settings.benchmark.devices is None
+    assert settings.benchmark.sizes == (1, 10, 100, 500, 1000, 2000, 4000)
+    assert settings.benchmark.modes == ("compute", "end_to_end")
+    assert settings.benchmark.timeout_s == 600
+    assert settings.server.port == DEFAULT_PORT
+
+
+def test_empty_file_equals_defaults(tmp_path: Path) -> None:
+    """An empty document is valid and means 'all defaults'."""
+    assert load_settings(_write(tmp_path, "")).benchmark == Settings().benchmark
+
+
+def test_example_config_is_valid_and_matches_the_defaults() -> None:
+    """deploy/config.example.yaml validates and spells out the embedded defaults."""
+    settings = load_settings(REPO / "deploy" / "config.example.yaml")
+    defaults = Settings()
+    assert settings.schedule == defaults.schedule
+    assert settings.benchmark == defaults.benchmark
+    assert settings.server == defaults.server
+
+
+def test_every_key_is_read(tmp_path: Path) -> None:
+    """Each documented key changes the settings it names."""
+    settings = load_settings(
+        _write(
+            tmp_path,
+            """
+schedule: {cron: "*/5 * * * 1-5", jitter: 30s}
+benchmark:
+  backend: torch
+  devices: [/CPU:0, /GPU:1]
+  sizes: [4000, 1, 100]
+  dtypes: [float16, bfloat16]
+  modes: [end_to_end]
+  timeout: 1h
+  tf32: true
+  cpu_threads: 3
+  timing: {warmup_calls: 4, block_time: 50ms, min_blocks: 7, max_blocks: 9, target_spread: 0.1, size_budget: 2m}
+server: {listen: "[::1]:9100"}
+""",
+        )
+    )
+    assert settings.schedule.cron == "*/5 * * * 1-5"
+    assert settings.schedule.interval_s is None
+    assert settings.schedule.jitter_s == 30
+    bench = settings.benchmark
+    assert bench.backend == "torch"
+    assert bench.devices == ("/CPU:0", "/GPU:1")
+    assert bench.sizes == (1, 100, 4000)
+    assert bench.dtypes == ("float16", "bfloat16")
+    assert bench.modes == ("end_to_end",)
+    assert bench.timeout_s == 3600
+    assert bench.tf32 is True
+    assert bench.cpu_threads == 3
+    assert (bench.timing.warmup_calls, bench.timing.block_s, bench.timing.min_blocks) == (4, 0.05, 7)
+    assert (bench.timing.max_blocks, bench.timing.target_spread, bench.timing.size_budget_s) == (9, 0.1, 120)
+    assert (settings.server.host, settings.server.port) == ("::1", 9100)
+    assert settings.server.listen == "[::1]:9100"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30s", 30), ("15m", 900), ("1h", 3600), ("1h30m", 5400), ("250ms", 0.25), ("90", 90), (45, 45), (1.5, 1.5)],
+)
+def test_durations_accept_units_and_plain_seconds(text: str | float, seconds: float) -> None:
+    """Durations take s/m/h/d/ms suffixes, combinations of them, and plain numbers of seconds."""
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "m5", "1h 30m", "5x", True, None, [5]])
+def test_malformed_durations_are_rejected(text: object) -> None:
+    """Anything else is not a duration."""
+    assert parse_duration(text) is None
+
+
+def test_plugin_backend_is_accepted() -> None:
+    """A backend may be given as 'package.module:attribute' for third-party frameworks."""
+    settings = settings_from_mapping({"benchmark": {"backend": "tests.fakes:curve"}})
+    assert settings.benchmark.backend == "tests.fakes:curve"
+
+
+@pytest.mark.parametrize(("text", "path", "fragment"), BAD_CONFIGS, ids=[c[0][:40] for c in BAD_CONFIGS])
+def test_bad_config_names_key_path_and_exits_78(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, path: str, fragment: str
+) -> None:
+    """check-config prints the key path and the problem, no traceback, and exits with the config code."""
+    config = _write(tmp_path, text)
+    assert main(["check-config", str(config)]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert str(config) in err
+    line = next((ln for ln in err.splitlines() if fragment in ln), None)
+    assert line is not None, err
+    if path:
+        assert line.strip().startswith(f"{path}:"), line
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    """Several mistakes in one file are all listed, not just the first."""
+    config = _write(tmp_path, "schedule: {interval: never}\nbenchmark: {sizes: [0], modes: [x]}\nserver: {listen: 1}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    paths = [p.path for p in caught.value.problems]
+    assert paths == ["schedule.interval", "benchmark.sizes[0]", "benchmark.modes[0]", "server.listen"]
+    assert "4 problems" in str(caught.value)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config path that does not exist is reported plainly with the config exit code."""
+    assert main(["check-config", str(tmp_path / "absent.yaml")]) == EXIT_CONFIG
+    assert "cannot read the file" in capsys.readouterr().err
+
+
+def test_valid_config_passes_check_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check-config exits 0 and says the file is valid."""
+    config = _write(tmp_path, "schedule: {interval: 1m}\n")
+    assert main(["check-config", str(config)]) == EXIT_OK
+    assert "valid" in capsys.readouterr().out
+
+
+def test_listen_flag_overrides_config() -> None:
+    """--listen replaces server.listen and is validated like it."""
+    assert with_listen(Settings(), "127.0.0.1:1234").server.port == 1234
+    with pytest.raises(ConfigError, match="--listen"):
+        with_listen(Settings(), "nowhere")

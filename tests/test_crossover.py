@@ -1,0 +1,137 @@
+"""The crossover: synthetic curves with a known answer, and every explicit state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from monitor.crossover import crossovers, find_crossover
+from monitor.model import CrossoverState, DeviceInfo, Measurement, Mode, PointKey, StopReason, Timing
+
+SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def _measurement(device: str, size: int, seconds: float, mode: Mode = "compute", dtype: str = "float32") -> Measurement:
+    key = PointKey(backend="fake", device=device, dtype=dtype, mode=mode, size=size)
+    timing = Timing(
+        median_s=seconds, iqr_s=0.0, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
+    )
+    return Measurement(key=key, timing=timing)
+
+
+CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+GPU0 = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
+GPU1 = DeviceInfo(backend="fake", device="/GPU:1", kind="gpu", name="gpu")
+
+
+@given(
+    n0=st.floats(min_value=1.5, max_value=4000.0),
+    slope=st.floats(min_value=0.1, max_value=5.0),
+)
+def test_interpolation_is_exact_when_log_ratio_is_linear_in_log_n(n0: float, slope: float) -> None:
+    """If t_cpu/t_gpu = (n/n0)^k, the interpolated crossover is n0 itself, inside its bracket."""
+    assume(all(abs(math.log(n / n0)) > 1e-9 for n in SIZES))
+    curve = [(n, (n / n0) ** slope, 1.0) for n in SIZES]
+    state, size, lower, upper = find_crossover(curve)
+    assert state is CrossoverState.FOUND
+    assert size == pytest.approx(n0, rel=1e-9)
+    assert lower is not None
+    assert upper is not None
+    assert lower < n0 < upper
+
+
+@given(
+    cpu_rate=st.floats(min_value=1e9, max_value=1e11),
+    gpu_speedup=st.floats(min_value=5.0, max_value=1000.0),
+    launch=st.floats(min_value=1e-6, max_value=1e-3),
+)
+def test_realistic_curves_bracket_the_true_crossover(cpu_rate: float, gpu_speedup: float, launch: float) -> None:
+    """CPU = 2n³/rate; GPU = launch + 2n³/(speedup·rate): n* lies in the bracket that holds the true n."""
+    true_n = (launch / (2 / cpu_rate - 2 / (cpu_rate * gpu_speedup))) ** (1 / 3)
+    assume(SIZES[0] < true_n < SIZES[-1])
+    assume(all(abs(n / true_n - 1) > 1e-6 for n in SIZES))
+    curve = [(n, 2 * n**3 / cpu_rate, launch + 2 * n**3 / (cpu_rate * gpu_speedup)) for n in SIZES]
+    state, size, lower, upper = find_crossover(curve)
+    assert state is CrossoverState.FOUND
+    assert lower is not None
+    assert upper is not None
+    assert size is not None
+    assert lower < true_n < upper
+    assert lower <= size <= upper
+    assert upper == 2 * lower  # adjacent measured sizes
+
+
+def test_gpu_never_faster() -> None:
+    """A GPU slower at every size gives the never-faster state and no number."""
+    assert find_crossover([(n, 1.0, 2.0) for n in SIZES]) == (CrossoverState.GPU_NEVER_FASTER, None, None, None)
+
+
+def test_gpu_always_faster() -> None:
+    """A GPU faster at every size gives the always-faster state and no number."""
+    assert find_crossover([(n, 2.0, 1.0) for n in SIZES]) == (CrossoverState.GPU_ALWAYS_FASTER, None, None, None)
+
+
+def test_equal_times_do_not_count_as_gpu_faster() -> None:
+    """A tie is not a win: equal times at every size mean the GPU is never faster."""
+    assert find_crossover([(n, 1.0, 1.0) for n in SIZES])[0] is CrossoverState.GPU_NEVER_FASTER
+
+
+def test_curves_that_cross_twice_are_ambiguous() -> None:
+    """GPU faster, then slower, then faster again: ambiguous, and no made-up number."""
+    curve = [(8, 2.0, 1.0), (16, 1.0, 2.0), (32, 1.0, 2.0), (64, 2.0, 1.0)]
+    assert find_crossover(curve) == (CrossoverState.AMBIGUOUS, None, None, None)
+
+
+def test_gpu_faster_only_in_the_middle_is_ambiguous() -> None:
+    """GPU wins at a middle size but loses at the largest: not 'never faster', ambiguous."""
+    curve = [(8, 1.0, 2.0), (16, 2.0, 1.0), (32, 1.0, 2.0)]
+    assert find_crossover(curve)[0] is CrossoverState.AMBIGUOUS
+
+
+def test_points_are_sorted_by_size() -> None:
+    """The order of the input does not matter."""
+    curve = [(64, 4.0, 1.0), (16, 1.0, 4.0), (32, 1.0, 1.0)]
+    state, size, lower, upper = find_crossover(curve)
+    assert (state, lower, upper) == (CrossoverState.FOUND, 32, 64)
+    assert size == pytest.approx(32)
+
+
+def test_crossovers_pair_each_gpu_with_the_cpu_per_mode() -> None:
+    """Each GPU gets its own crossover per dtype and mode, from the sizes both devices measured."""
+    measurements = []
+    for n in (16, 32, 64, 128):
+        measurements.append(_measurement("/CPU:0", n, n**3 * 1e-9))
+        measurements.append(_measurement("/GPU:0", n, 1e-4 + n**3 * 1e-11))
+        measurements.append(_measurement("/GPU:1", n, 1e-3 + n**3 * 1e-11))
+    found = {c.gpu: c for c in crossovers([CPU, GPU0, GPU1], measurements)}
+    assert set(found) == {"/GPU:0", "/GPU:1"}
+    assert found["/GPU:0"].state is CrossoverState.FOUND
+    assert (found["/GPU:0"].lower, found["/GPU:0"].upper) == (32, 64)
+    assert found["/GPU:1"].state is CrossoverState.FOUND
+    assert (found["/GPU:1"].lower, found["/GPU:1"].upper) == (64, 128)
+    assert all(c.cpu == "/CPU:0" and c.mode == "compute" for c in found.values())
+
+
+def test_cpu_alone_says_no_gpu() -> None:
+    """With only the CPU measured, each dtype and mode gets the explicit no_gpu state."""
+    measurements = [_measurement("/CPU:0", n, 1.0, mode) for n in (1, 2) for mode in ("compute", "end_to_end")]
+    found = crossovers([CPU], measurements)
+    assert {(c.mode, c.state, c.gpu, c.size) for c in found} == {
+        ("compute", CrossoverState.NO_GPU, "none", None),
+        ("end_to_end", CrossoverState.NO_GPU, "none", None),
+    }
+
+
+def test_gpu_that_measured_nothing_gives_no_crossover() -> None:
+    """A GPU that failed before any measurement leaves no crossover, not a made-up state."""
+    measurements = [_measurement("/CPU:0", n, 1.0) for n in (1, 2)]
+    assert crossovers([CPU, GPU0], measurements) == ()
+
+
+def test_find_crossover_needs_points() -> None:
+    """An empty curve is a programming error, not a state."""
+    with pytest.raises(ValueError, match="no points"):
+        find_crossover([])

@@ -1,0 +1,117 @@
+"""The exporter read by value from its own registry, across sweep outcomes."""
+
+from __future__ import annotations
+
+from monitor.metrics import EXPOSED_NAMES, build_registry, render
+from monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    Measurement,
+    PointKey,
+    Snapshot,
+    StopReason,
+    SweepOutcome,
+    SweepResult,
+    Timing,
+)
+from monitor.state import StateStore
+from tests.service import parse
+
+CPU = DeviceInfo(backend="tensorflow", device="/CPU:0", kind="cpu", name="cpu", details=(("threads", "4"),))
+GPU = DeviceInfo(
+    backend="tensorflow", device="/GPU:0", kind="gpu", name="NVIDIA H200", details=(("compute_capability", "9.0"),)
+)
+POINT = {"backend": "tensorflow", "device": "/GPU:0", "dtype": "float32", "mode": "compute", "size": "1024"}
+PAIR = {"backend": "tensorflow", "gpu": "/GPU:0", "cpu": "/CPU:0", "dtype": "float32", "mode": "compute"}
+
+
+def _snapshot(at: float) -> Snapshot:
+    timing = Timing(
+        median_s=2e-3, iqr_s=1e-4, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
+    )
+    key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
+    crossover = Crossover(state=CrossoverState.FOUND, size=300.0, lower=256, upper=512, **PAIR)  # type: ignore[arg-type]
+    return Snapshot(
+        started_at=at - 10,
+        finished_at=at,
+        devices=(CPU, GPU),
+        measurements=(Measurement(key=key, timing=timing),),
+        crossovers=(crossover,),
+        environment=(("framework_version", "2.21.0"), ("tf32", "false")),
+    )
+
+
+def _registry(store: StateStore):
+    return build_registry(store.read, backend="tensorflow", framework_version="2.21.0")
+
+
+def test_nothing_but_counters_and_build_info_before_the_first_sweep() -> None:
+    """Before any sweep: zero counters, build info, and no timings, devices or crossovers."""
+    registry = _registry(StateStore())
+    assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 0
+    assert (
+        registry.get_sample_value(
+            "matmul_monitor_build_info",
+            {
+                "version": "0.1.0",
+                "python_version": __import__("platform").python_version(),
+                "backend": "tensorflow",
+                "framework_version": "2.21.0",
+            },
+        )
+        == 1
+    )
+    assert registry.get_sample_value("matmul_duration_seconds", POINT) is None
+    assert registry.get_sample_value("matmul_sweep_last_success_timestamp_seconds") is None
+
+
+def test_successful_sweep_exports_timings_crossover_and_bracket() -> None:
+    """A success exports median, IQR, FLOP/s, crossover with bracket, state, up and timestamps."""
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    registry = _registry(store)
+    assert registry.get_sample_value("matmul_duration_seconds", POINT) == 2e-3
+    assert registry.get_sample_value("matmul_duration_iqr_seconds", POINT) == 1e-4
+    assert registry.get_sample_value("matmul_flops_per_second", POINT) == 2 * 1024**3 / 2e-3
+    assert registry.get_sample_value("matmul_crossover_size", PAIR) == 300
+    assert registry.get_sample_value("matmul_crossover_lower_size", PAIR) == 256
+    assert registry.get_sample_value("matmul_crossover_upper_size", PAIR) == 512
+    assert registry.get_sample_value("matmul_crossover_state", {**PAIR, "state": "found"}) == 1
+    assert registry.get_sample_value("matmul_crossover_state", {**PAIR, "state": "ambiguous"}) == 0
+    assert registry.get_sample_value("matmul_device_up", {"backend": "tensorflow", "device": "/GPU:0"}) == 1
+    assert registry.get_sample_value("matmul_sweep_last_success_timestamp_seconds") == 100
+    assert registry.get_sample_value("matmul_sweep_duration_seconds") == 10
+    assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 1
+
+
+def test_timeout_after_success_keeps_last_good_timings_and_marks_devices_down() -> None:
+    """A timed-out sweep keeps serving the last good results, counts the timeout, and sets up to 0."""
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    store.record(SweepOutcome(result=SweepResult.TIMEOUT, started_at=200, finished_at=260, reason="deadline"))
+    registry = _registry(store)
+    assert registry.get_sample_value("matmul_duration_seconds", POINT) == 2e-3
+    assert registry.get_sample_value("matmul_sweeps_total", {"result": "timeout"}) == 1
+    assert registry.get_sample_value("matmul_sweep_last_success_timestamp_seconds") == 100
+    assert registry.get_sample_value("matmul_sweep_duration_seconds") == 60
+    assert registry.get_sample_value("matmul_device_up", {"backend": "tensorflow", "device": "/GPU:0"}) == 0
+
+
+def test_skipped_sweeps_are_counted() -> None:
+    """A run skipped because the previous one still runs is counted under result=skipped."""
+    store = StateStore()
+    store.record_skipped()
+    store.record_skipped()
+    assert _registry(store).get_sample_value("matmul_sweeps_total", {"result": "skipped"}) == 2
+
+
+def test_exposed_names_cover_every_family_rendered() -> None:
+    """EXPOSED_NAMES (used by the dashboard and rules tests) lists every name a full scrape contains."""
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    body, content_type = render(_registry(store), None)
+    assert content_type.startswith("text/plain")
+    names = {name for name, _ in parse(body.decode())}
+    assert names <= EXPOSED_NAMES
+    assert EXPOSED_NAMES - names == {"matmul_sweep_next_timestamp_seconds"}  # needs a scheduler

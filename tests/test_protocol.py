@@ -1,0 +1,54 @@
+"""The worker's wire format round-trips every message and rejects garbage clearly."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.config import BenchmarkSettings
+from monitor.model import DeviceFailure, DeviceInfo, Measurement, PointKey, StopReason, Timing
+from monitor.protocol import Done, Environment, Fatal, Plan, ProtocolError, decode, encode
+
+KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end_to_end", size=512)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Environment({"framework_version": "2.21.0"}),
+        DeviceInfo(
+            backend="tensorflow", device="/GPU:0", kind="gpu", name="H200", details=(("compute_capability", "9.0"),)
+        ),
+        Measurement(
+            key=KEY,
+            timing=Timing(
+                median_s=1e-3,
+                iqr_s=1e-5,
+                blocks=7,
+                calls_per_block=3,
+                stop_reason=StopReason.BUDGET,
+                noisy=True,
+                samples_s=(1e-3, 2e-3),
+            ),
+        ),
+        DeviceFailure(backend="tensorflow", device="/GPU:0", reason="oom", point=KEY),
+        DeviceFailure(backend="tensorflow", device="/GPU:1", reason="gone", fatal=True),
+        Done(),
+        Fatal("boom"),
+    ],
+)
+def test_messages_round_trip(message: object) -> None:
+    """decode(encode(m)) == m for every message type."""
+    assert decode(encode(message)) == message  # type: ignore[arg-type]
+
+
+def test_plan_round_trips_from_settings() -> None:
+    """The plan built from settings survives the trip to the worker."""
+    plan = Plan.from_settings(BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3))
+    assert Plan.from_json(plan.to_json()) == plan
+
+
+@pytest.mark.parametrize("line", ["not json", '{"type": "alien"}', '{"type": "measurement"}', "[]"])
+def test_garbage_is_a_protocol_error(line: str) -> None:
+    """Anything that is not a known message raises ProtocolError naming the problem."""
+    with pytest.raises(ProtocolError):
+        decode(line)

@@ -1,0 +1,123 @@
+"""Sweeps through the real worker process: success, deadlines, crashes, failed devices, cancellation."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from monitor.model import CrossoverState, SweepResult
+from monitor.protocol import Plan
+from monitor.sweep import SubprocessWorker, Worker, run_sweep
+from tests.conftest import make_plan
+
+
+class RecordingLauncher:
+    """Starts real workers and remembers them, so a test can check they are gone afterwards."""
+
+    def __init__(self) -> None:
+        self.workers: list[SubprocessWorker] = []
+
+    def __call__(self, plan: Plan) -> Worker:
+        worker = SubprocessWorker(plan)
+        self.workers.append(worker)
+        return worker
+
+
+def _group_is_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_known_curves_give_a_successful_sweep_with_the_right_crossover() -> None:
+    """The fake curves cross between 32 and 64 (true n ≈ 46) in compute mode; the sweep finds that."""
+    outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=60, cancel=threading.Event())
+    assert outcome.result is SweepResult.SUCCESS, outcome.reason
+    assert outcome.snapshot is not None
+    assert len(outcome.snapshot.measurements) == 4 * 2 * 2
+    compute = next(c for c in outcome.snapshot.crossovers if c.mode == "compute")
+    assert compute.state is CrossoverState.FOUND
+    assert (compute.lower, compute.upper) == (32, 64)
+    assert compute.size == pytest.approx(46.3, rel=0.1)
+    assert dict(outcome.snapshot.environment)["framework"] == "fake"
+
+
+def test_hung_worker_is_killed_and_sweep_marked_timeout() -> None:
+    """A worker stuck in a GPU call is killed with its process group at the deadline."""
+    launcher = RecordingLauncher()
+    started = time.monotonic()
+    outcome = run_sweep(make_plan("tests.fakes:hanging"), timeout_s=3, cancel=threading.Event(), launch=launcher)
+    assert outcome.result is SweepResult.TIMEOUT
+    assert "deadline" in outcome.reason
+    assert outcome.snapshot is None
+    assert time.monotonic() - started < 3 + 6
+    assert _group_is_gone(launcher.workers[0].pid)
+
+
+def test_crashed_worker_fails_the_sweep_with_its_exit_status() -> None:
+    """A worker killed by SIGSEGV ends the sweep as failed, saying how it died."""
+    outcome = run_sweep(make_plan("tests.fakes:crashing"), timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert "-11" in outcome.reason
+    assert outcome.snapshot is None
+
+
+def test_failed_gpu_keeps_cpu_results_and_fails_the_sweep() -> None:
+    """A GPU error leaves the CPU's timings in the snapshot, records why, and marks the sweep failed."""
+    outcome = run_sweep(make_plan("tests.fakes:broken_gpu"), timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert "CUDA_ERROR_ECC_UNCORRECTABLE" in outcome.reason
+    assert outcome.snapshot is not None
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    assert [f.device for f in outcome.snapshot.failures] == ["/GPU:0"]
+
+
+def test_cancel_stops_a_sweep_in_flight_within_seconds() -> None:
+    """Setting the cancel event (service shutdown) kills the worker promptly."""
+    launcher = RecordingLauncher()
+    cancel = threading.Event()
+    threading.Timer(1.0, cancel.set).start()
+    started = time.monotonic()
+    outcome = run_sweep(make_plan("tests.fakes:slow"), timeout_s=60, cancel=cancel, launch=launcher)
+    assert outcome.result is SweepResult.FAILED
+    assert "cancelled" in outcome.reason
+    assert time.monotonic() - started < 6
+    assert _group_is_gone(launcher.workers[0].pid)
+
+
+def test_unknown_plugin_backend_fails_with_a_clear_reason() -> None:
+    """A backend that cannot be imported fails the sweep naming the module."""
+    outcome = run_sweep(make_plan("tests.no_such_module:create"), timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert "tests.no_such_module" in outcome.reason
+
+
+@pytest.mark.slow
+def test_tensorflow_sweep_on_this_cpu_says_no_gpu() -> None:
+    """The real TensorFlow backend times the CPU, and with no GPU the crossover state says so."""
+    outcome = run_sweep(make_plan("tensorflow", sizes=(8, 64)), timeout_s=120, cancel=threading.Event())
+    assert outcome.result is SweepResult.SUCCESS, outcome.reason
+    assert outcome.snapshot is not None
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    assert {c.state for c in outcome.snapshot.crossovers} == {CrossoverState.NO_GPU}
+    assert all(m.timing.median_s > 0 for m in outcome.snapshot.measurements)
+
+
+@pytest.mark.slow
+def test_tensorflow_refuses_a_gpu_this_machine_lacks() -> None:
+    """Asking TensorFlow for /GPU:0 on a CPU-only machine is a reported failure, never a CPU timing."""
+    outcome = run_sweep(
+        make_plan("tensorflow", sizes=(8,), devices=("/CPU:0", "/GPU:0")), timeout_s=120, cancel=threading.Event()
+    )
+    assert outcome.result is SweepResult.FAILED
+    assert outcome.snapshot is not None
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    failure = outcome.snapshot.failures[0]
+    assert failure.device == "/GPU:0"
+    assert failure.fatal
+    assert "no such device" in failure.reason
