@@ -51,6 +51,15 @@ class TimingSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RefineSettings:
+    """Bisection between the sizes bracketing a crossover, after the configured sizes."""
+
+    enabled: bool = True
+    tolerance: float = 0.05  # stop once upper / lower - 1 is at most this
+    budget_s: float = 60.0  # at most this much extra time per sweep
+
+
+@dataclass(frozen=True, kw_only=True)
 class BenchmarkSettings:
     backend: str = "tensorflow"
     devices: tuple[str, ...] | None = None  # None: "auto", the CPU and every visible GPU
@@ -61,6 +70,9 @@ class BenchmarkSettings:
     tf32: bool = False
     cpu_threads: int | None = None  # None: "auto", from affinity and the container's CPU quota
     timing: TimingSettings = field(default_factory=TimingSettings)
+    refine: RefineSettings = field(default_factory=RefineSettings)
+    # Stop timing the CPU at larger sizes once every GPU beat it by this factor at two sizes in a row.
+    skip_cpu_above_speedup: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,9 +324,28 @@ def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
     return timing
 
 
+def _speedup_factor(value: Any) -> float | _Bad:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+        return _Bad(f"must be a number greater than 1, got {_show(value)}")
+    return float(value)
+
+
+def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
+    section = r.section(bench, "refine", "benchmark.refine")
+    r.reject_unknown(section, {"enabled", "tolerance", "budget"}, "benchmark.refine")
+    d = RefineSettings()
+    p = "benchmark.refine."
+    return RefineSettings(
+        enabled=r.get(section, "enabled", p + "enabled", d.enabled, _boolean),
+        tolerance=r.get(section, "tolerance", p + "tolerance", d.tolerance, _fraction),
+        budget_s=r.get(section, "budget", p + "budget", d.budget_s, _duration(positive=True)),
+    )
+
+
 def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     bench = r.section(data, "benchmark", "benchmark")
     known = {"backend", "devices", "sizes", "dtypes", "modes", "timeout", "tf32", "cpu_threads", "timing"}
+    known |= {"refine", "skip_cpu_above_speedup"}
     r.reject_unknown(bench, known, "benchmark")
     d = BenchmarkSettings()
 
@@ -349,6 +380,10 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
         tf32=r.get(bench, "tf32", "benchmark.tf32", d.tf32, _boolean),
         cpu_threads=cpu_threads,
         timing=_read_timing(r, bench),
+        refine=_read_refine(r, bench),
+        skip_cpu_above_speedup=r.get(
+            bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, _speedup_factor
+        ),
     )
 
 

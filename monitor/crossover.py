@@ -1,11 +1,19 @@
-"""Pure: from measurements to the crossover size of each GPU against the CPU."""
+"""Pure: from measurements to the crossover size of each GPU against the CPU, with its uncertainty."""
 
 from __future__ import annotations
 
 import math
+import random
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode
+
+BOOTSTRAP_RESAMPLES = 200
+CONFIDENCE = 0.95
+# Below this share of resamples that find a crossover, the interval would describe noise.
+_MIN_FOUND_SHARE = 0.5
 
 
 def find_crossover(
@@ -31,10 +39,49 @@ def find_crossover(
     first = max(i for i, faster in enumerate(gpu_faster) if not faster) + 1
     if any(gpu_faster[:first]):
         return CrossoverState.AMBIGUOUS, None, None, None
-    (n0, r0), (n1, r1) = (points[first - 1][0], log_ratios[first - 1]), (points[first][0], log_ratios[first])
+    n0, r0 = points[first - 1][0], log_ratios[first - 1]
+    n1, r1 = points[first][0], log_ratios[first]
     fraction = -r0 / (r1 - r0)
     size = math.exp(math.log(n0) + fraction * (math.log(n1) - math.log(n0)))
     return CrossoverState.FOUND, size, n0, n1
+
+
+# Per-call block times of one point; the median of these is the point's time.
+Samples = Sequence[float]
+
+
+def bootstrap_interval(
+    curve: Sequence[tuple[int, Samples, Samples]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> tuple[float, float] | None:
+    """A confidence interval for n* from ``(size, cpu_samples, gpu_samples)``, by resampling blocks.
+
+    Each resample draws every point's blocks with replacement, takes their median and finds the
+    crossover again. None when too few resamples find one (the answer is then noise-dominated).
+    """
+    rng = random.Random(seed)  # fixed seed: the same measurements always give the same interval
+
+    def resampled(samples: Samples) -> float:
+        return statistics.median(rng.choices(samples, k=len(samples))) if len(samples) > 1 else samples[0]
+
+    found = []
+    for _ in range(resamples):
+        state, size, _, _ = find_crossover([(n, resampled(c), resampled(g)) for n, c, g in curve])
+        if state is CrossoverState.FOUND and size is not None:
+            found.append(size)
+    if len(found) < resamples * _MIN_FOUND_SHARE:
+        return None
+    tail = (1 - CONFIDENCE) / 2
+    ordered = sorted(found)
+    return ordered[int(tail * (len(ordered) - 1))], ordered[math.ceil((1 - tail) * (len(ordered) - 1))]
+
+
+@dataclass(frozen=True)
+class _Point:
+    median: float
+    samples: Samples
+
+
+_Curves = Mapping[tuple[str, str, str, Mode], Mapping[int, _Point]]
 
 
 def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement]) -> tuple[Crossover, ...]:
@@ -43,58 +90,63 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
     found but measured nothing gets no crossover (its ``matmul_device_up`` says why).
     """
-    medians: dict[tuple[str, str, str, Mode], dict[int, float]] = {}
+    curves: dict[tuple[str, str, str, Mode], dict[int, _Point]] = {}
     for m in measurements:
-        medians.setdefault((m.key.backend, m.key.device, m.key.dtype, m.key.mode), {})[m.key.size] = m.timing.median_s
+        key = (m.key.backend, m.key.device, m.key.dtype, m.key.mode)
+        samples = m.timing.samples_s or (m.timing.median_s,)
+        curves.setdefault(key, {})[m.key.size] = _Point(m.timing.median_s, samples)
     devices = list(devices)
     gpus = [d for d in devices if d.kind == "gpu"]
     cpus = [d for d in devices if d.kind == "cpu"]
-    combos = sorted({(k[0], k[2], k[3]) for k in medians})
     found: list[Crossover] = []
-    for backend, dtype, mode in combos:
+    for backend, dtype, mode in sorted({(k[0], k[2], k[3]) for k in curves}):
         for cpu in (c for c in cpus if c.backend == backend):
             pairs = [
-                _pair(medians=medians, backend=backend, gpu=gpu.device, cpu=cpu.device, dtype=dtype, mode=mode)
+                _pair(
+                    curves,
+                    Crossover(
+                        backend=backend,
+                        gpu=gpu.device,
+                        cpu=cpu.device,
+                        dtype=dtype,
+                        mode=mode,
+                        state=CrossoverState.NO_GPU,
+                    ),
+                )
                 for gpu in gpus
                 if gpu.backend == backend
             ]
             found.extend(p for p in pairs if p is not None)
-            if not pairs:
-                found.extend(_no_gpu(medians, backend, cpu.device, dtype, mode))
+            if not pairs and (backend, cpu.device, dtype, mode) in curves:
+                found.append(
+                    Crossover(
+                        backend=backend, gpu="none", cpu=cpu.device, dtype=dtype, mode=mode, state=CrossoverState.NO_GPU
+                    )
+                )
     return tuple(found)
 
 
-def _no_gpu(
-    medians: Mapping[tuple[str, str, str, Mode], Mapping[int, float]], backend: str, cpu: str, dtype: str, mode: Mode
-) -> list[Crossover]:
-    if (backend, cpu, dtype, mode) not in medians:
-        return []
-    return [Crossover(backend=backend, gpu="none", cpu=cpu, dtype=dtype, mode=mode, state=CrossoverState.NO_GPU)]
-
-
-def _pair(
-    *,
-    medians: Mapping[tuple[str, str, str, Mode], Mapping[int, float]],
-    backend: str,
-    gpu: str,
-    cpu: str,
-    dtype: str,
-    mode: Mode,
-) -> Crossover | None:
-    gpu_times = medians.get((backend, gpu, dtype, mode), {})
-    cpu_times = medians.get((backend, cpu, dtype, mode), {})
-    common = sorted(set(gpu_times) & set(cpu_times))
+def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
+    """The crossover for the pair named by ``template``, or None if they share no measured size."""
+    gpu = curves.get((template.backend, template.gpu, template.dtype, template.mode), {})
+    cpu = curves.get((template.backend, template.cpu, template.dtype, template.mode), {})
+    common = sorted(set(gpu) & set(cpu))
     if not common:
         return None
-    state, size, lower, upper = find_crossover([(n, cpu_times[n], gpu_times[n]) for n in common])
+    state, size, lower, upper = find_crossover([(n, cpu[n].median, gpu[n].median) for n in common])
+    interval = None
+    if state is CrossoverState.FOUND:
+        interval = bootstrap_interval([(n, cpu[n].samples, gpu[n].samples) for n in common])
     return Crossover(
-        backend=backend,
-        gpu=gpu,
-        cpu=cpu,
-        dtype=dtype,
-        mode=mode,
+        backend=template.backend,
+        gpu=template.gpu,
+        cpu=template.cpu,
+        dtype=template.dtype,
+        mode=template.mode,
         state=state,
         size=size,
         lower=lower,
         upper=upper,
+        ci_lower=interval[0] if interval else None,
+        ci_upper=interval[1] if interval else None,
     )

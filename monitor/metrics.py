@@ -24,6 +24,10 @@ CROSSOVER = "matmul_crossover_size"
 CROSSOVER_LOWER = "matmul_crossover_lower_size"
 CROSSOVER_UPPER = "matmul_crossover_upper_size"
 CROSSOVER_STATE = "matmul_crossover_state"
+CROSSOVER_CI_LOWER = "matmul_crossover_ci_lower_size"
+CROSSOVER_CI_UPPER = "matmul_crossover_ci_upper_size"
+FIXED_COST = "matmul_fixed_cost_seconds"
+PEAK_FLOPS = "matmul_peak_flops_per_second"
 DEVICE_UP = "matmul_device_up"
 DEVICE_INFO = "matmul_device_info"
 BENCHMARK_INFO = "matmul_benchmark_info"
@@ -35,6 +39,7 @@ BUILD_INFO = "matmul_monitor_build_info"
 
 POINT_LABELS = ["backend", "device", "dtype", "mode", "size"]
 CROSSOVER_LABELS = ["backend", "gpu", "cpu", "dtype", "mode"]
+COST_LABELS = ["backend", "device", "dtype", "mode"]
 DEVICE_DETAIL_LABELS = ("compute_capability", "threads")
 ENVIRONMENT_LABELS = ("framework_version", "cuda_version", "cudnn_version", "tf32", "cpu_threads")
 
@@ -49,6 +54,10 @@ EXPOSED_NAMES = frozenset(
         CROSSOVER_LOWER,
         CROSSOVER_UPPER,
         CROSSOVER_STATE,
+        CROSSOVER_CI_LOWER,
+        CROSSOVER_CI_UPPER,
+        FIXED_COST,
+        PEAK_FLOPS,
         DEVICE_UP,
         DEVICE_INFO,
         BENCHMARK_INFO,
@@ -153,13 +162,26 @@ class StateCollector(Collector):
             DURATION_NOISY, "1 if the spread stayed above the target (a noisy point)", labels=POINT_LABELS
         )
         flops = GaugeMetricFamily(FLOPS, "Achieved rate, 2·n³ / median", labels=POINT_LABELS)
-        for m in state.latest.measurements:
+        # Only configured sizes become series: probe and refinement sizes vary between sweeps.
+        for m in (m for m in state.latest.measurements if m.role == "sweep"):
             labels = [m.key.backend, m.key.device, m.key.dtype, m.key.mode, str(m.key.size)]
             duration.add_metric(labels, m.timing.median_s)
             iqr.add_metric(labels, m.timing.iqr_s)
             noisy.add_metric(labels, 1 if m.timing.noisy else 0)
             flops.add_metric(labels, m.flops_per_second)
         yield from (duration, iqr, noisy, flops)
+        fixed = GaugeMetricFamily(
+            FIXED_COST, "Time of a 1x1 multiplication: dispatch, launch, sync (and copies)", labels=COST_LABELS
+        )
+        peak = GaugeMetricFamily(
+            PEAK_FLOPS, "Rate per FLOP at the largest size once the fixed cost is taken off", labels=COST_LABELS
+        )
+        for cost in state.latest.costs:
+            labels = [cost.backend, cost.device, cost.dtype, cost.mode]
+            fixed.add_metric(labels, cost.fixed_s)
+            if cost.peak_flops is not None:
+                peak.add_metric(labels, cost.peak_flops)
+        yield from (fixed, peak)
 
     def _crossover_metrics(self, state: ServiceState) -> Iterator[Metric]:
         if state.latest is None:
@@ -170,6 +192,8 @@ class StateCollector(Collector):
         states = GaugeMetricFamily(
             CROSSOVER_STATE, "1 for the current crossover state", labels=[*CROSSOVER_LABELS, "state"]
         )
+        ci_lower = GaugeMetricFamily(CROSSOVER_CI_LOWER, "Lower 95% confidence bound of n*", labels=CROSSOVER_LABELS)
+        ci_upper = GaugeMetricFamily(CROSSOVER_CI_UPPER, "Upper 95% confidence bound of n*", labels=CROSSOVER_LABELS)
         for c in state.latest.crossovers:
             labels = [c.backend, c.gpu, c.cpu, c.dtype, c.mode]
             if c.size is not None:
@@ -177,9 +201,12 @@ class StateCollector(Collector):
             if c.lower is not None and c.upper is not None:
                 lower.add_metric(labels, c.lower)
                 upper.add_metric(labels, c.upper)
+            if c.ci_lower is not None and c.ci_upper is not None:
+                ci_lower.add_metric(labels, c.ci_lower)
+                ci_upper.add_metric(labels, c.ci_upper)
             for s in CrossoverState:
                 states.add_metric([*labels, s.value], 1 if s is c.state else 0)
-        yield from (size, lower, upper, states)
+        yield from (size, lower, upper, ci_lower, ci_upper, states)
 
 
 def build_registry(

@@ -8,6 +8,9 @@ from typing import Literal
 
 Mode = Literal["compute", "end_to_end"]
 DeviceKind = Literal["cpu", "gpu"]
+# sweep: a configured size; probe: the n=1 point timed for the fixed cost when 1 is not configured;
+# refine: a size added by bisection to pin the crossover. Only sweep points become duration series.
+Role = Literal["sweep", "probe", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
@@ -85,6 +88,7 @@ class Measurement:
 
     key: PointKey
     timing: Timing
+    role: Role = "sweep"
 
     @property
     def flops_per_second(self) -> float:
@@ -103,8 +107,23 @@ class Crossover:
     mode: Mode
     state: CrossoverState
     size: float | None = None  # interpolated n*, only when state is FOUND
-    lower: float | None = None  # bracket (or confidence bounds) around n*
+    lower: float | None = None  # the measured sizes bracketing n*
     upper: float | None = None
+    ci_lower: float | None = None  # 95% bootstrap confidence interval of n*, when it could be computed
+    ci_upper: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModel:
+    """Why small sizes lose: the fixed per-call cost and the rate paid per FLOP on one device."""
+
+    backend: str
+    device: str
+    dtype: str
+    mode: Mode
+    fixed_s: float  # median time of a 1x1 multiplication: dispatch, launch, sync (and copies)
+    peak_flops: float | None  # 2n³ / (t(n) - fixed) at the largest size, when t(n) exceeds the fixed cost
+    largest_size: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,6 +146,7 @@ class Snapshot:
     devices: tuple[DeviceInfo, ...]
     measurements: tuple[Measurement, ...]
     crossovers: tuple[Crossover, ...]
+    costs: tuple[CostModel, ...] = ()
     failures: tuple[DeviceFailure, ...] = ()
     environment: tuple[tuple[str, str], ...] = ()  # framework versions, TF32, threads, …
 

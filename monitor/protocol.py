@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.config import BenchmarkSettings, TimingSettings
+from monitor.config import BenchmarkSettings, RefineSettings, TimingSettings
 from monitor.model import DeviceFailure, DeviceInfo, Measurement, Mode, PointKey, StopReason, Timing
 
 
@@ -27,6 +27,8 @@ class Plan:
     tf32: bool
     cpu_threads: int | None
     timing: TimingSettings
+    refine: RefineSettings = dataclasses.field(default_factory=lambda: RefineSettings(enabled=False))
+    skip_cpu_above_speedup: float | None = None
 
     @classmethod
     def from_settings(cls, bench: BenchmarkSettings) -> Plan:
@@ -39,6 +41,8 @@ class Plan:
             tf32=bench.tf32,
             cpu_threads=bench.cpu_threads,
             timing=bench.timing,
+            refine=bench.refine,
+            skip_cpu_above_speedup=bench.skip_cpu_above_speedup,
         )
 
     def to_json(self) -> str:
@@ -54,6 +58,7 @@ class Plan:
             dtypes=tuple(data.pop("dtypes")),
             modes=tuple(data.pop("modes")),
             timing=TimingSettings(**data.pop("timing")),
+            refine=RefineSettings(**data.pop("refine")),
             **data,
         )
 
@@ -85,7 +90,7 @@ def encode(message: Message) -> str:
     elif isinstance(message, Measurement):
         timing = dataclasses.asdict(message.timing)
         timing["stop_reason"] = message.timing.stop_reason.value
-        body = {"type": "measurement", "key": dataclasses.asdict(message.key), "timing": timing}
+        body = {"type": "measurement", "key": dataclasses.asdict(message.key), "timing": timing, "role": message.role}
     elif isinstance(message, DeviceFailure):
         body = {"type": "failure", **dataclasses.asdict(message)}
     elif isinstance(message, Done):
@@ -109,7 +114,7 @@ def decode(line: str) -> Message:
             timing = body["timing"]
             timing["stop_reason"] = StopReason(timing["stop_reason"])
             timing["samples_s"] = tuple(timing["samples_s"])
-            return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing))
+            return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing), role=body.get("role", "sweep"))
         if kind == "failure":
             point = body.pop("point")
             return DeviceFailure(point=PointKey(**point) if point else None, **body)

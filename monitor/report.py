@@ -40,7 +40,10 @@ def _crossover_line(c: Crossover) -> str:
         else f"{c.gpu} vs {c.cpu}  {c.dtype} {c.mode}: "
     )
     if c.state is CrossoverState.FOUND and c.size is not None:
-        return head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g})"
+        line = head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g}"
+        if c.ci_lower is not None and c.ci_upper is not None:
+            line += f"; 95% CI {c.ci_lower:.0f} to {c.ci_upper:.0f}"
+        return line + ")"
     text = {
         CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",
         CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
@@ -69,12 +72,20 @@ def render_table(outcome: SweepOutcome) -> str:
         lines.append(f"{'size':>7} {'median':>10} {'IQR':>10} {'GFLOP/s':>9} {'GPU speed-up':>12}")
         for m in sorted(points, key=lambda p: p.key.size):
             ratio = speedups.get((device, dtype, mode, m.key.size))
-            flag = "  noisy" if m.timing.noisy else ""
+            flag = ("  noisy" if m.timing.noisy else "") + ("" if m.role == "sweep" else f"  ({m.role})")
             lines.append(
                 f"{m.key.size:>7} {_format_seconds(m.timing.median_s):>10} {_format_seconds(m.timing.iqr_s):>10} "
                 f"{m.flops_per_second / 1e9:>9.3g} {f'{ratio:.2f}x' if ratio is not None else '-':>12}{flag}"
             )
     lines.append("")
+    for cost in snapshot.costs:
+        rate = f"{cost.peak_flops / 1e9:.3g} GFLOP/s" if cost.peak_flops is not None else "-"
+        lines.append(
+            f"{cost.device} {cost.dtype} {cost.mode}: fixed cost {_format_seconds(cost.fixed_s)} per call; "
+            f"rate beyond it {rate} at n={cost.largest_size}"
+        )
+    if snapshot.costs:
+        lines.append("")
     if snapshot.crossovers:
         lines.append("crossovers:")
         lines += [f"  {_crossover_line(c)}" for c in snapshot.crossovers]

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
+from monitor.costs import cost_models
 from monitor.crossover import crossovers
 from monitor.model import DeviceFailure, DeviceInfo, Measurement, Snapshot, SweepOutcome, SweepResult
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
@@ -222,6 +223,7 @@ def run_sweep(
         devices=tuple(collected.devices),
         measurements=tuple(collected.measurements),
         crossovers=crossovers(collected.devices, collected.measurements),
+        costs=cost_models(collected.measurements),
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),
     )

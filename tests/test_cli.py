@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,9 @@ def test_once_prints_tables_with_speedup_and_crossover(tmp_path: Path) -> None:
     assert "/GPU:0 (Fake GPU)  float32  compute" in out
     assert "GPU speed-up" in out
     assert "GPU faster from n ≈" in out
-    assert "between measured sizes 32 and 64" in out
+    assert re.search(r"between measured sizes (3[2-9]|4\d) and (4\d|5\d|6[0-4]); 95% CI \d+ to \d+", out), out
+    assert "fixed cost" in out
+    assert "(probe)" in out
 
 
 def test_once_json_is_machine_readable(tmp_path: Path) -> None:

@@ -59,6 +59,11 @@ BAD_CONFIGS = [
     ("benchmark: {timing: {min_blocks: 10, max_blocks: 5}}", "benchmark.timing.max_blocks", "at least min_blocks"),
     ("benchmark: {timing: {block_time: fast}}", "benchmark.timing.block_time", "duration"),
     ("benchmark: {timing: {repeats: 3}}", "benchmark.timing.repeats", "unknown key"),
+    ("benchmark: {refine: {tolerance: 0}}", "benchmark.refine.tolerance", "between 0 and 1"),
+    ("benchmark: {refine: {budget: forever}}", "benchmark.refine.budget", "duration"),
+    ("benchmark: {refine: {enabled: 1}}", "benchmark.refine.enabled", "true or false"),
+    ("benchmark: {refine: {steps: 4}}", "benchmark.refine.steps", "unknown key"),
+    ("benchmark: {skip_cpu_above_speedup: 0.5}", "benchmark.skip_cpu_above_speedup", "greater than 1"),
     ("server: {listen: 9437}", "server.listen", "HOST:PORT"),
     ("server: {listen: 'localhost'}", "server.listen", "HOST:PORT"),
     ("server: {listen: '0.0.0.0:70000'}", "server.listen", "between 1 and 65535"),
@@ -120,6 +125,8 @@ benchmark:
   tf32: true
   cpu_threads: 3
   timing: {warmup_calls: 4, block_time: 50ms, min_blocks: 7, max_blocks: 9, target_spread: 0.1, size_budget: 2m}
+  refine: {enabled: false, tolerance: 0.01, budget: 10s}
+  skip_cpu_above_speedup: 20
 server: {listen: "[::1]:9100"}
 """,
         )
@@ -138,6 +145,8 @@ server: {listen: "[::1]:9100"}
     assert bench.cpu_threads == 3
     assert (bench.timing.warmup_calls, bench.timing.block_s, bench.timing.min_blocks) == (4, 0.05, 7)
     assert (bench.timing.max_blocks, bench.timing.target_spread, bench.timing.size_budget_s) == (9, 0.1, 120)
+    assert (bench.refine.enabled, bench.refine.tolerance, bench.refine.budget_s) == (False, 0.01, 10)
+    assert bench.skip_cpu_above_speedup == 20
     assert (settings.server.host, settings.server.port) == ("::1", 9100)
     assert settings.server.listen == "[::1]:9100"
 

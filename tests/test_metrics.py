@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from monitor.metrics import EXPOSED_NAMES, build_registry, render
 from monitor.model import (
+    CostModel,
     Crossover,
     CrossoverState,
     DeviceInfo,
@@ -31,13 +32,36 @@ def _snapshot(at: float) -> Snapshot:
         median_s=2e-3, iqr_s=1e-4, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
     )
     key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
-    crossover = Crossover(state=CrossoverState.FOUND, size=300.0, lower=256, upper=512, **PAIR)  # type: ignore[arg-type]
+    crossover = Crossover(
+        state=CrossoverState.FOUND, size=300.0, lower=256, upper=512, ci_lower=280.0, ci_upper=330.0, **PAIR
+    )  # type: ignore[arg-type]
+    probe = Measurement(
+        key=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1),
+        timing=timing,
+        role="probe",
+    )
+    refined = Measurement(
+        key=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=362),
+        timing=timing,
+        role="refine",
+    )
     return Snapshot(
         started_at=at - 10,
         finished_at=at,
         devices=(CPU, GPU),
-        measurements=(Measurement(key=key, timing=timing),),
+        measurements=(Measurement(key=key, timing=timing), probe, refined),
         crossovers=(crossover,),
+        costs=(
+            CostModel(
+                backend="tensorflow",
+                device="/GPU:0",
+                dtype="float32",
+                mode="compute",
+                fixed_s=2e-5,
+                peak_flops=5e14,
+                largest_size=1024,
+            ),
+        ),
         environment=(("framework_version", "2.21.0"), ("tf32", "false")),
     )
 
@@ -77,12 +101,26 @@ def test_successful_sweep_exports_timings_crossover_and_bracket() -> None:
     assert registry.get_sample_value("matmul_crossover_size", PAIR) == 300
     assert registry.get_sample_value("matmul_crossover_lower_size", PAIR) == 256
     assert registry.get_sample_value("matmul_crossover_upper_size", PAIR) == 512
+    assert registry.get_sample_value("matmul_crossover_ci_lower_size", PAIR) == 280
+    assert registry.get_sample_value("matmul_crossover_ci_upper_size", PAIR) == 330
     assert registry.get_sample_value("matmul_crossover_state", {**PAIR, "state": "found"}) == 1
     assert registry.get_sample_value("matmul_crossover_state", {**PAIR, "state": "ambiguous"}) == 0
     assert registry.get_sample_value("matmul_device_up", {"backend": "tensorflow", "device": "/GPU:0"}) == 1
     assert registry.get_sample_value("matmul_sweep_last_success_timestamp_seconds") == 100
     assert registry.get_sample_value("matmul_sweep_duration_seconds") == 10
     assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 1
+
+
+def test_fixed_cost_and_peak_rate_are_exported_but_probe_and_refined_sizes_are_not_series() -> None:
+    """The cost model is exported per device; the n=1 probe and refined sizes never become duration series."""
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    registry = _registry(store)
+    cost_labels = {"backend": "tensorflow", "device": "/GPU:0", "dtype": "float32", "mode": "compute"}
+    assert registry.get_sample_value("matmul_fixed_cost_seconds", cost_labels) == 2e-5
+    assert registry.get_sample_value("matmul_peak_flops_per_second", cost_labels) == 5e14
+    assert registry.get_sample_value("matmul_duration_seconds", {**POINT, "size": "1"}) is None
+    assert registry.get_sample_value("matmul_duration_seconds", {**POINT, "size": "362"}) is None
 
 
 def test_timeout_after_success_keeps_last_good_timings_and_marks_devices_down() -> None:

@@ -39,7 +39,9 @@ def test_known_curves_give_a_successful_sweep_with_the_right_crossover() -> None
     outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=60, cancel=threading.Event())
     assert outcome.result is SweepResult.SUCCESS, outcome.reason
     assert outcome.snapshot is not None
-    assert len(outcome.snapshot.measurements) == 4 * 2 * 2
+    roles = [m.role for m in outcome.snapshot.measurements]
+    assert roles.count("sweep") == 4 * 2 * 2
+    assert roles.count("probe") == 2 * 2  # n=1 per device and mode, for the fixed cost
     compute = next(c for c in outcome.snapshot.crossovers if c.mode == "compute")
     assert compute.state is CrossoverState.FOUND
     assert (compute.lower, compute.upper) == (32, 64)

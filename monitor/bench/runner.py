@@ -1,13 +1,21 @@
-"""Times a plan against a backend point by point and emits what it finds as messages."""
+"""Times a plan against a backend point by point and emits what it finds as messages.
+
+Besides the configured sizes it times the n=1 point (the fixed cost), bisects between the
+sizes that bracket a crossover (refinement), and can stop timing the CPU where it cannot
+change the answer; each of these is bounded by the plan.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from monitor.bench.contract import Backend
 from monitor.bench.timing import Clock, measure
+from monitor.crossover import find_crossover
 from monitor.errors import BackendError, MeasurementFailed
-from monitor.model import DeviceFailure, DeviceInfo, Measurement, PointKey
+from monitor.model import CrossoverState, DeviceFailure, DeviceInfo, Measurement, Mode, PointKey, Role
 from monitor.protocol import Environment, Message, Plan
 
 Emit = Callable[[Message], None]
@@ -36,6 +44,42 @@ def select_devices(backend: Backend, requested: Sequence[str] | None, emit: Emit
     return chosen
 
 
+@dataclass
+class _Session:
+    """One sweep inside the worker: what was measured so far and which devices failed."""
+
+    plan: Plan
+    backend: Backend
+    emit: Emit
+    clock: Clock
+    failed: set[str] = field(default_factory=set)
+    medians: dict[tuple[str, str, Mode, int], float] = field(default_factory=dict)
+
+    def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
+        """Time one point (once per sweep) and emit it; None if it could not be timed."""
+        cached = self.medians.get((device.device, dtype, mode, size))
+        if cached is not None or device.device in self.failed:
+            return cached
+        key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
+        try:
+            timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
+        except MeasurementFailed as exc:
+            self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), point=key))
+            return None
+        except BackendError as exc:
+            self.failed.add(device.device)
+            self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), fatal=exc.fatal))
+            return None
+        self.medians[(device.device, dtype, mode, size)] = timing.median_s
+        self.emit(Measurement(key=key, timing=timing, role=role))
+        return timing.median_s
+
+    def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
+        cpu_time = self.medians.get((cpu.device, dtype, mode, size))
+        gpu_time = self.medians.get((gpu.device, dtype, mode, size))
+        return cpu_time / gpu_time if cpu_time is not None and gpu_time is not None else None
+
+
 def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
     """Time every (dtype, mode, size, device) of the plan; a failed device is left out from then on.
 
@@ -46,24 +90,69 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
     devices = select_devices(backend, plan.devices, emit)
     for device in devices:
         emit(device)
-    failed: set[str] = set()
+    session = _Session(plan, backend, emit, clock)
+    refine_deadline = None
     for dtype in plan.dtypes:
         for mode in plan.modes:
-            for size in plan.sizes:
+            if 1 not in plan.sizes:
                 for device in devices:
-                    if device.device in failed:
-                        continue
-                    key = PointKey(backend=backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
-                    try:
-                        run = backend.prepare(device, size, dtype, mode)
-                        timing = measure(run, plan.timing, clock)
-                    except MeasurementFailed as exc:
-                        emit(DeviceFailure(backend=backend.name, device=device.device, reason=str(exc), point=key))
-                        continue
-                    except BackendError as exc:
-                        failed.add(device.device)
-                        emit(
-                            DeviceFailure(backend=backend.name, device=device.device, reason=str(exc), fatal=exc.fatal)
-                        )
-                        continue
-                    emit(Measurement(key=key, timing=timing))
+                    session.point(device, 1, dtype, mode, "probe")
+            _sweep_sizes(session, devices, dtype, mode)
+            if plan.refine.enabled:
+                refine_deadline = refine_deadline or clock() + plan.refine.budget_s
+                _refine(session, devices, dtype, mode, refine_deadline)
+
+
+def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
+    factor = session.plan.skip_cpu_above_speedup
+    cpus = [d for d in devices if d.kind == "cpu"]
+    gpus = [d for d in devices if d.kind == "gpu"]
+    streak = 0  # consecutive sizes at which every GPU beat every CPU by the factor
+    for size in session.plan.sizes:
+        for device in devices:
+            if device.kind == "cpu" and factor is not None and streak >= 2:  # noqa: PLR2004 - two in a row
+                continue
+            session.point(device, size, dtype, mode, "sweep")
+        if factor is None or streak >= 2 or not gpus:  # noqa: PLR2004
+            continue
+        ratios = [
+            session.speedup(c, g, dtype, mode, size) for c in cpus for g in gpus if g.device not in session.failed
+        ]
+        far = bool(ratios) and all(r is not None and r >= factor for r in ratios)
+        streak = streak + 1 if far else 0
+
+
+def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float) -> None:
+    """Bisect (geometrically) each found bracket until upper/lower - 1 <= tolerance or time is up."""
+    tolerance = session.plan.refine.tolerance
+    for cpu in (d for d in devices if d.kind == "cpu"):
+        for gpu in (d for d in devices if d.kind == "gpu"):
+            sizes = sorted(
+                n
+                for (device, dt, md, n) in session.medians
+                if device == cpu.device
+                and dt == dtype
+                and md == mode
+                and (gpu.device, dtype, mode, n) in session.medians
+            )
+            if not sizes:
+                continue
+            curve = [
+                (n, session.medians[(cpu.device, dtype, mode, n)], session.medians[(gpu.device, dtype, mode, n)])
+                for n in sizes
+            ]
+            state, _, lower, upper = find_crossover(curve)
+            if state is not CrossoverState.FOUND or lower is None or upper is None:
+                continue
+            while upper / lower - 1 > tolerance and session.clock() < deadline:
+                middle = round(math.sqrt(lower * upper))
+                if middle in (lower, upper):
+                    break
+                cpu_time = session.point(cpu, middle, dtype, mode, "refine")
+                gpu_time = session.point(gpu, middle, dtype, mode, "refine")
+                if cpu_time is None or gpu_time is None:
+                    break
+                if gpu_time < cpu_time:
+                    upper = middle
+                else:
+                    lower = middle
