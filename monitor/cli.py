@@ -7,6 +7,7 @@ import logging
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 from monitor import __version__
 from monitor.config import Settings, load_settings, with_listen
@@ -43,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file", metavar="FILE")
+
+    plot = commands.add_parser("plot", help="chart the latest sweep, time against size (needs the plot extra)")
+    source = plot.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
+    source.add_argument("--from-url", metavar="URL", help="a running service's metrics, e.g. http://HOST:9437/metrics")
+    plot.add_argument("output", metavar="OUTPUT", type=Path, help="the chart to write, .png or .svg")
     return parser
 
 
@@ -69,6 +76,18 @@ def _once(settings: Settings, as_json: bool) -> int:
     return EXIT_OK if outcome.result is SweepResult.SUCCESS else EXIT_FAILURE
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from monitor.plot import PlotError, plot  # noqa: PLC0415 - matplotlib is an optional extra
+
+    try:
+        written = plot(args.output, json_file=args.from_json, url=args.from_url)
+    except PlotError as exc:
+        print(f"crossover-monitor: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(f"wrote {written}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_format, args.log_level)
@@ -79,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "once":
             return _once(settings, args.json)
-        return _run(settings)
+        return _plot(args) if args.command == "plot" else _run(settings)
     except ConfigError as exc:
         print(f"crossover-monitor: {exc}", file=sys.stderr)
         return EXIT_CONFIG

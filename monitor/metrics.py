@@ -10,10 +10,13 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from monitor import __version__
 from monitor.model import CrossoverState, ServiceState, SweepResult
+
+Registry = CollectorRegistry  # for modules that hold a registry without importing prometheus_client
 
 # The metric contract: the dashboard, the alert rules and the docs use these names.
 DURATION = "matmul_duration_seconds"
@@ -222,3 +225,12 @@ def render(registry: CollectorRegistry, accept_header: str | None) -> tuple[byte
     """The exposition body and its content type, in the format the scraper asked for."""
     encoder, content_type = choose_encoder(accept_header or "")
     return encoder(registry), content_type
+
+
+def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a text exposition (what /metrics serves) as (name, labels, value); ValueError if malformed."""
+    return [
+        (sample.name, dict(sample.labels), sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]

@@ -8,9 +8,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socket import AF_INET6
 
-from prometheus_client.core import CollectorRegistry
-
-from monitor.metrics import render
+from monitor.metrics import Registry, render
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +30,7 @@ class _Server(ThreadingHTTPServer):
 class MetricsServer:
     """Serves the registry and the probes on a background thread."""
 
-    def __init__(self, host: str, port: int, registry: CollectorRegistry, *, healthy: Probe, ready: Probe) -> None:
+    def __init__(self, host: str, port: int, registry: Registry, *, healthy: Probe, ready: Probe) -> None:
         handler = _handler(registry, healthy, ready)
         server_class = type("_Server6", (_Server,), {"address_family": AF_INET6}) if ":" in host else _Server
         self._httpd = server_class((host, port), handler)  # raises OSError if the address is taken
@@ -51,7 +49,7 @@ class MetricsServer:
         self._httpd.server_close()
 
 
-def _handler(registry: CollectorRegistry, healthy: Probe, ready: Probe) -> type[BaseHTTPRequestHandler]:
+def _handler(registry: Registry, healthy: Probe, ready: Probe) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "crossover-monitor"
 

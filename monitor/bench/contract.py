@@ -19,7 +19,9 @@ from monitor.model import DeviceInfo, Mode
 
 # Runs ``calls`` multiplications back to back and returns only when all of them are complete
 # (synchronised with the device) and their results were checked to live where they were timed.
-RunBlock = Callable[[int], None]
+# The timing loop ignores what it returns; the built-in backends return the last product, so that
+# their accuracy check (``CheckedBackend``) reads the result of the very block that is timed.
+RunBlock = Callable[[int], object]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +45,22 @@ class Backend(Protocol):
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         """Create operands for one point (outside any timed region) and return its block runner."""
+        ...
+
+
+class CheckedBackend(Backend, Protocol):
+    """A backend that can also show its products are right (all built-in ones can).
+
+    Kept apart from ``Backend`` because the runner never needs it: a plug-in or fake backend that
+    only times stays a valid backend, and the contract tests hold every built-in one to this too.
+    """
+
+    def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
+        """Multiply seeded operands once, with the block ``prepare`` would time, and return the
+        relative error ``max|C - A·B| / max|A·B|`` against float64 (``common.relative_error``).
+
+        Raises what ``prepare`` raises.
+        """
         ...
 
 

@@ -6,14 +6,17 @@ never silently run on the CPU.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 
 import numpy as np
+import numpy.typing as npt
 import tensorflow as tf
 
+from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.hostinfo import cpu_model
-from monitor.errors import MeasurementFailed, PlacementError
+from monitor.errors import MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
@@ -75,51 +78,72 @@ class TensorFlowBackend:
         return devices
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
-        where = device.device
-        tf_dtype = _DTYPES[dtype]
-        try:
+        where = lookup_device(self.name, device.device, {d.device: d.device for d in self.discover()})
+        tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
+        what = describe(size, dtype, mode)
+        with _failures(where, what):
             if mode == "compute":
-                return self._compute_block(where, size, tf_dtype)
-            return self._end_to_end_block(where, size, tf_dtype)
-        except tf.errors.ResourceExhaustedError as exc:
-            raise MeasurementFailed(where, f"{size}x{size} {dtype} {mode}", f"out of memory: {exc.message}") from None
+                with tf.device(where):
+                    a = tf.random.uniform((size, size), dtype=tf_dtype)
+                    b = tf.random.uniform((size, size), dtype=tf_dtype)
+                return _compute_block(where, what, a, b)
+            a_host, b_host = (x.astype(tf_dtype.as_numpy_dtype) for x in host_operands(size))
+            return _end_to_end_block(where, what, a_host, b_host)
 
-    def _compute_block(self, where: str, size: int, tf_dtype: tf.DType) -> RunBlock:
-        with tf.device(where):
-            a = tf.random.uniform((size, size), dtype=tf_dtype)
-            b = tf.random.uniform((size, size), dtype=tf_dtype)
-        _check_placement(where, a)
+    def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
+        where = lookup_device(self.name, device.device, {d.device: d.device for d in self.discover()})
+        tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
+        what = describe(size, dtype, mode)
+        a_host, b_host = (x.astype(tf_dtype.as_numpy_dtype) for x in host_operands(size))
+        if mode == "compute":
+            with _failures(where, what), tf.device(where):
+                a, b = tf.identity(a_host), tf.identity(b_host)
+            product = _compute_block(where, what, a, b)(1).numpy()
+        else:
+            product = _end_to_end_block(where, what, a_host, b_host)(1)
+        return relative_error(product, a_host, b_host)
 
-        def run(calls: int) -> None:
-            with tf.device(where):
-                for _ in range(calls):
-                    c = tf.matmul(a, b)
+
+def _compute_block(where: str, what: str, a: tf.Tensor, b: tf.Tensor) -> Callable[[int], tf.Tensor]:
+    _check_placement(where, a)
+
+    def run(calls: int) -> tf.Tensor:
+        with _failures(where, what), tf.device(where):
+            for _ in range(calls):
+                c = tf.matmul(a, b)
             tf.test.experimental.sync_devices()  # GPU ops return when queued; wait for them
-            _check_placement(where, c)
+        _check_placement(where, c)
+        return c
 
-        return run
+    return run
 
-    def _end_to_end_block(self, where: str, size: int, tf_dtype: tf.DType) -> RunBlock:
-        rng = np.random.default_rng(size)
-        numpy_dtype = tf_dtype.as_numpy_dtype
-        a_host = rng.random((size, size), dtype=np.float32).astype(numpy_dtype)
-        b_host = rng.random((size, size), dtype=np.float32).astype(numpy_dtype)
 
-        def run(calls: int) -> None:
+def _end_to_end_block(
+    where: str, what: str, a_host: npt.NDArray[np.generic], b_host: npt.NDArray[np.generic]
+) -> Callable[[int], npt.NDArray[np.generic]]:
+    def run(calls: int) -> npt.NDArray[np.generic]:
+        with _failures(where, what):
             for _ in range(calls):
                 with tf.device(where):
                     # identity() under the device scope copies the host operand to the device.
                     c = tf.matmul(tf.identity(a_host), tf.identity(b_host))
-                c.numpy()  # the result back in host memory; blocks until it is there
-            _check_placement(where, c)
+                result: npt.NDArray[np.generic] = c.numpy()  # the result back in host memory; blocks until it is there
+        _check_placement(where, c)
+        return result
 
-        return run
+    return run
+
+
+@contextmanager
+def _failures(where: str, what: str) -> Iterator[None]:
+    try:
+        yield
+    except tf.errors.ResourceExhaustedError as exc:
+        raise MeasurementFailed(where, what, f"out of memory: {exc.message}") from None
 
 
 def _check_placement(where: str, tensor: tf.Tensor) -> None:
-    actual = _short_name(tensor.device)
-    if actual.lower() != where.lower():
-        raise PlacementError(where, actual)
+    check_placement(where, _short_name(tensor.device))
 
 
 def create(options: BackendOptions) -> TensorFlowBackend:

@@ -1,0 +1,78 @@
+"""What the dashboard and rules tests share: the shipped files, their PromQL, and the metric names in it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.conftest import REPO
+
+RULES = REPO / "deploy" / "prometheus" / "rules.yml"
+SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
+RULE_TESTS = REPO / "tests" / "prometheus"
+DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor.json"
+ALERTS_DOC = REPO / "docs" / "alerts.md"
+
+# A metric name of the exporter, as it appears in an expression.
+METRIC_TOKEN = re.compile(r"matmul_[a-z_]+")
+
+
+def load_rules() -> list[dict[str, Any]]:
+    """Every rule of every group in deploy/prometheus/rules.yml."""
+    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    return [rule for group in document["groups"] for rule in group["rules"]]
+
+
+def recorded_names() -> set[str]:
+    return {rule["record"] for rule in load_rules() if "record" in rule}
+
+
+def load_dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text(encoding="utf-8"))
+
+
+def dashboard_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel that queries data, including those nested in collapsed rows."""
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            yield from (p for p in panel.get("panels", []) if p.get("targets"))
+        elif panel.get("targets"):
+            yield panel
+
+
+def dashboard_expressions(dashboard: dict[str, Any]) -> list[str]:
+    """The PromQL of every panel target and every query variable."""
+    exprs = [target["expr"] for panel in dashboard_panels(dashboard) for target in panel["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def metric_names(expressions: list[str], recorded: set[str]) -> set[str]:
+    """Exporter metric names the expressions read, not counting the recording rules' own names."""
+    names: set[str] = set()
+    for expr in expressions:
+        text = expr
+        # Longest first, so that a recorded name containing another one is removed whole.
+        for record in sorted(recorded, key=len, reverse=True):
+            text = text.replace(record, " ")
+        names.update(METRIC_TOKEN.findall(text))
+    return names
+
+
+def github_anchor(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading."""
+    slug = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return slug.replace(" ", "-")
+
+
+def doc_anchors(path: Path) -> set[str]:
+    return {
+        github_anchor(line.lstrip("#"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if re.match(r"^#{1,6} ", line)
+    }

@@ -1,0 +1,260 @@
+"""The Kubernetes manifests: valid against the API schemas, wired to each other, generated from one source."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from monitor.cli import _parser
+from monitor.config import DEFAULT_PORT
+from monitor.sweep import KILL_GRACE_S
+from tests.conftest import REPO
+
+HERE = REPO / "deploy" / "kubernetes"
+GENERATOR = HERE / "generate.py"
+RULES = REPO / "deploy" / "prometheus" / "rules.yml"
+SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
+DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor.json"
+GPU_DOCKERFILE = REPO / "deploy" / "container" / "Dockerfile.gpu"
+EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
+# A recent release that kubernetes-validate ships schemas for; bump with the package.
+KUBERNETES_VERSION = "1.34.0"
+# The Prometheus Operator's kinds: kubernetes-validate has no schemas for CRDs.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+STOP_PATH_S = KILL_GRACE_S * 2 + 1  # Service.stop's bound on killing a sweep in flight
+
+
+def manifests() -> list[Path]:
+    return sorted(p for p in HERE.glob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def load(path: Path) -> dict[str, Any]:
+    documents = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+    assert len(documents) == 1, f"{path.name}: expected one object, found {len(documents)}"
+    return documents[0]
+
+
+def validate(resource: dict[str, Any]) -> None:
+    """Raises kubernetes_validate.ValidationError if the object breaks its schema (unknown fields too)."""
+    kubernetes_validate.validate(resource, KUBERNETES_VERSION, strict=True)
+
+
+def generate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(GENERATOR), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def pod() -> dict[str, Any]:
+    return load(HERE / "daemonset.yaml")["spec"]["template"]
+
+
+@pytest.fixture(scope="module")
+def container(pod: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod["spec"]["containers"]
+    return only
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in manifests() if load(p)["kind"] not in OPERATOR_KINDS], ids=lambda p: p.name
+)
+def test_manifest_matches_the_kubernetes_schema(path: Path) -> None:
+    """Every built-in object validates strictly against the Kubernetes API schema, offline."""
+    validate(load(path))
+
+
+def test_schema_validation_rejects_a_misspelled_field() -> None:
+    """The same validator rejects a DaemonSet whose probe name is misspelled."""
+    daemonset = load(HERE / "daemonset.yaml")
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    container["readinesProbe"] = container.pop("readinessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError, match="readinesProbe"):
+        validate(daemonset)
+
+
+def test_schema_validation_rejects_a_wrongly_typed_value() -> None:
+    """The same validator rejects a port number given as a word."""
+    service = load(HERE / "service.yaml")
+    service["spec"]["ports"][0]["port"] = "metrics"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate(service)
+
+
+def test_manifests_name_no_namespace() -> None:
+    """No object pins a namespace, so `kubectl apply -n` or kustomize's `namespace:` decides it."""
+    pinned = [p.name for p in manifests() if "namespace" in load(p)["metadata"]]
+    assert pinned == []
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    """kustomization.yaml applies each manifest in the folder, and nothing that is not there."""
+    kustomization = load(HERE / "kustomization.yaml")
+    assert kustomization["kind"] == "Kustomization"
+    assert sorted(kustomization["resources"]) == sorted(p.name for p in manifests())
+    (container,) = load(HERE / "daemonset.yaml")["spec"]["template"]["spec"]["containers"]
+    assert container["image"].split(":")[0] in {image["name"] for image in kustomization["images"]}
+
+
+def test_daemonset_runs_on_gpu_nodes_with_one_gpu(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """It selects GPU nodes, tolerates their taint, and asks the device plugin for a GPU."""
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_probes_use_health_and_readiness_endpoints(container: dict[str, Any]) -> None:
+    """Liveness and startup ask /healthz (alive), readiness asks /readyz (a sweep has completed)."""
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": DEFAULT_PORT, "protocol": "TCP"}]
+
+
+def test_pod_runs_unprivileged_and_read_only(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Non-root as the GPU image's own user, a read-only root filesystem, no capabilities, no escalation."""
+    image_user = re.search(r"^USER (\d+)", GPU_DOCKERFILE.read_text(encoding="utf-8"), re.MULTILINE)
+    assert image_user
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["runAsUser"] == int(image_user.group(1)) > 0
+    context = container["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp"}
+
+
+def test_termination_grace_outlasts_the_sweep_kill_path(pod: dict[str, Any]) -> None:
+    """Kubernetes waits well past the service's own bounded stop before it kills the pod."""
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 2 * STOP_PATH_S
+
+
+def test_pod_reads_its_config_from_the_configmap(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """The ConfigMap is mounted at /etc/crossover-monitor and the service is started with its file."""
+    configmap = load(HERE / "configmap.yaml")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/crossover-monitor"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    (key,) = configmap["data"]
+    args = _parser().parse_args(container["args"])  # the service's own parser: exits on a bad command line
+    assert args.command == "run"
+    assert args.config == f"/etc/crossover-monitor/{key}"
+
+
+def test_configmap_config_passes_check_config(tmp_path: Path) -> None:
+    """The configuration the pods get is accepted by the service's own check-config."""
+    config = tmp_path / "config.yaml"
+    config.write_text(load(HERE / "configmap.yaml")["data"]["config.yaml"], encoding="utf-8")
+    binary = Path(sys.executable).with_name("crossover-monitor")
+    result = subprocess.run([str(binary), "check-config", str(config)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+def test_service_selects_the_pods_by_their_metrics_port(pod: dict[str, Any]) -> None:
+    """The Service's selector matches the pod labels and its port targets the pod port named metrics."""
+    service = load(HERE / "service.yaml")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "metrics"
+    assert port["targetPort"] == "metrics"
+
+
+def test_servicemonitor_scrapes_the_service_metrics_port() -> None:
+    """A monitoring.coreos.com/v1 ServiceMonitor that selects the Service and scrapes as the example job does."""
+    monitor = load(HERE / "servicemonitor.yaml")
+    service = load(HERE / "service.yaml")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["metadata"]["name"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    (job,) = load(SCRAPE_EXAMPLE)["scrape_configs"]  # the scrape settings the rules and dashboard assume
+    assert (endpoint["path"], endpoint["interval"], endpoint["scrapeTimeout"]) == (
+        job["metrics_path"],
+        job["scrape_interval"],
+        job["scrape_timeout"],
+    )
+
+
+def test_prometheusrule_carries_the_rules_file_groups() -> None:
+    """A monitoring.coreos.com/v1 PrometheusRule whose groups equal deploy/prometheus/rules.yml's."""
+    rule = load(HERE / "prometheusrule.yaml")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["metadata"]["name"]
+    assert rule["spec"]["groups"] == load(RULES)["groups"]
+    assert all(group["name"] and group["rules"] for group in rule["spec"]["groups"])
+
+
+def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
+    """promtool check rules accepts the groups as the Prometheus Operator will hand them to Prometheus."""
+    groups = tmp_path / "groups.yml"
+    groups.write_text(
+        yaml.safe_dump({"groups": load(HERE / "prometheusrule.yaml")["spec"]["groups"]}), encoding="utf-8"
+    )
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(groups)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> None:
+    """The dashboard ConfigMap has the sidecar's label and the dashboard JSON byte for byte."""
+    configmap = load(HERE / "grafana-dashboard-configmap.yaml")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["data"] == {DASHBOARD.name: DASHBOARD.read_text(encoding="utf-8")}
+
+
+def test_generated_manifests_are_up_to_date() -> None:
+    """generate.py --check finds every generated manifest equal to what its source gives today."""
+    result = generate("--check")
+    assert result.returncode == 0, result.stderr
+
+
+def copy_sources(root: Path) -> None:
+    """A minimal repository under ``root``: the generator's sources and its output folder."""
+    for source in (RULES, DASHBOARD, EXAMPLE_CONFIG):
+        target = root / source.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, target)
+    shutil.copytree(HERE, root / HERE.relative_to(REPO))
+
+
+def test_check_reports_a_manifest_left_behind_by_its_source(tmp_path: Path) -> None:
+    """After a source changes, --check fails naming the stale manifest, and a plain run brings it up to date."""
+    copy_sources(tmp_path)
+    rules = tmp_path / RULES.relative_to(REPO)
+    data = load(rules)
+    data["groups"][0]["interval"] = "1m"
+    rules.write_text(yaml.safe_dump(data), encoding="utf-8")
+
+    stale = generate("--check", "--root", str(tmp_path))
+    assert stale.returncode == 1
+    assert "prometheusrule.yaml is out of date" in stale.stderr
+
+    assert generate("--root", str(tmp_path)).returncode == 0
+    assert generate("--check", "--root", str(tmp_path)).returncode == 0
+    written = load(tmp_path / "deploy" / "kubernetes" / "prometheusrule.yaml")
+    assert written["spec"]["groups"][0]["interval"] == "1m"
+
+
+def test_generator_names_a_missing_source(tmp_path: Path) -> None:
+    """Without the rules file the generator fails with a message naming it, and still writes the others."""
+    copy_sources(tmp_path)
+    (tmp_path / RULES.relative_to(REPO)).unlink()
+    (tmp_path / "deploy" / "kubernetes" / "configmap.yaml").unlink()
+
+    result = generate("--root", str(tmp_path))
+    assert result.returncode == 1
+    assert "deploy/prometheus/rules.yml is missing" in result.stderr
+    assert (tmp_path / "deploy" / "kubernetes" / "configmap.yaml").is_file()

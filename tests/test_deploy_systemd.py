@@ -1,0 +1,182 @@
+"""The systemd unit: systemd's own checker accepts it, its sandbox scores well, and its settings fit the service."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import _parser
+from monitor.errors import EXIT_CONFIG
+from monitor.sweep import KILL_GRACE_S
+from tests.conftest import REPO
+
+UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
+INSTALLED_BINARY = "/opt/crossover-monitor/.venv/bin/crossover-monitor"
+CONFIG = "/etc/crossover-monitor/config.yaml"
+MAX_EXPOSURE = 2.5  # systemd-analyze security rates below this "OK"; 10 is an unsandboxed root service
+# Service.stop waits this long at most for a sweep to be killed (SIGTERM, then SIGKILL after the grace).
+STOP_PATH_S = KILL_GRACE_S * 2 + 1
+
+
+def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["systemd-analyze", *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+def verify(text: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``systemd-analyze verify`` on the unit text, with ExecStart= pointed at this checkout's real binary.
+
+    verify insists that executables exist, and /opt/crossover-monitor is the install path, not this
+    checkout; the binary of the virtual environment running the tests is the same program.
+    """
+    binary = Path(sys.executable).with_name("crossover-monitor")
+    assert binary.is_file(), f"{binary} is missing: install the project into the virtual environment"
+    unit = tmp_path / UNIT.name
+    unit.write_text(text.replace(INSTALLED_BINARY, str(binary)), encoding="utf-8")
+    return systemd_analyze("verify", str(unit))
+
+
+def settings(text: str) -> dict[str, list[str]]:
+    """``{"Section.Key": [values in order]}``; keys such as DeviceAllow= may repeat."""
+    found: dict[str, list[str]] = defaultdict(list)
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        found[f"{section}.{key.strip()}"].append(value.strip())
+    return dict(found)
+
+
+def seconds(timespan: str) -> float:
+    """A systemd time span in seconds, as systemd itself parses it."""
+    result = systemd_analyze("timespan", timespan)
+    assert result.returncode == 0, result.stderr
+    match = re.search(r"μs:\s*(\d+)", result.stdout)
+    assert match, result.stdout
+    return int(match.group(1)) / 1_000_000
+
+
+def exposure(result: subprocess.CompletedProcess[str]) -> float:
+    match = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", result.stdout)
+    assert match, result.stdout + result.stderr
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="module")
+def unit() -> dict[str, list[str]]:
+    return settings(UNIT.read_text(encoding="utf-8"))
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path: Path) -> None:
+    """systemd-analyze verify accepts the unit without a single warning."""
+    result = verify(UNIT.read_text(encoding="utf-8"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("good", "bad", "complaint"),
+    [
+        ("ProtectSystem=strict", "ProtektSystem=strict", "Unknown key"),
+        ("WatchdogSec=60s", "WatchdogSec=sixty", "Failed to parse"),
+        ("Type=notify", "Type=notifyy", "Failed to parse service type"),
+    ],
+)
+def test_verify_flags_a_broken_unit(tmp_path: Path, good: str, bad: str, complaint: str) -> None:
+    """The same verify check reports a misspelled key or a bad value (systemd only warns and ignores them)."""
+    text = UNIT.read_text(encoding="utf-8")
+    assert good in text
+    result = verify(text.replace(good, bad), tmp_path)
+    assert complaint in result.stderr
+
+
+def test_verify_rejects_a_missing_executable(tmp_path: Path) -> None:
+    """verify fails when ExecStart= names a program that does not exist."""
+    text = UNIT.read_text(encoding="utf-8").replace(INSTALLED_BINARY, "/nonexistent/bin/crossover-monitor")
+    unit = tmp_path / UNIT.name
+    unit.write_text(text, encoding="utf-8")
+    result = systemd_analyze("verify", str(unit))
+    assert result.returncode != 0
+    assert "is not executable" in result.stderr
+
+
+def test_security_exposure_is_below_the_ok_threshold() -> None:
+    """systemd-analyze security --offline rates the sandbox below 2.5 (and its own --threshold agrees)."""
+    threshold = round(MAX_EXPOSURE * 10) - 1  # --threshold counts tenths: 24 means at most 2.4
+    result = systemd_analyze("security", "--offline=true", f"--threshold={threshold}", "--no-pager", str(UNIT))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert exposure(result) < MAX_EXPOSURE
+
+
+def test_security_threshold_fails_an_unhardened_unit(tmp_path: Path) -> None:
+    """The same security check fails a unit that runs the service without a sandbox."""
+    bare = tmp_path / UNIT.name
+    bare.write_text(f"[Service]\nExecStart={INSTALLED_BINARY} run\n", encoding="utf-8")
+    threshold = round(MAX_EXPOSURE * 10) - 1
+    result = systemd_analyze("security", "--offline=true", f"--threshold={threshold}", "--no-pager", str(bare))
+    assert result.returncode != 0
+    assert exposure(result) > MAX_EXPOSURE
+
+
+def test_service_notifies_systemd_and_is_watched(unit: dict[str, list[str]]) -> None:
+    """Type=notify from the main process only, with a watchdog the service pings while healthy."""
+    assert unit["Service.Type"] == ["notify"]
+    assert unit["Service.NotifyAccess"] == ["main"]
+    assert seconds(unit["Service.WatchdogSec"][-1]) > 0
+
+
+def test_configuration_error_is_not_restarted_in_a_loop(unit: dict[str, list[str]]) -> None:
+    """Exit code 78 (bad configuration) prevents a restart, and a start rate limit stops any other loop."""
+    assert unit["Service.Restart"] == ["on-failure"]
+    prevented = " ".join(unit["Service.RestartPreventExitStatus"]).split()
+    assert str(EXIT_CONFIG) in prevented
+    # A failing ExecStartPre= is not covered by RestartPreventExitStatus=: the rate limit must be.
+    assert int(unit["Unit.StartLimitBurst"][-1]) > 0
+    assert seconds(unit["Unit.StartLimitIntervalSec"][-1]) > 0
+
+
+def test_configuration_is_checked_before_the_service_starts(unit: dict[str, list[str]]) -> None:
+    """ExecStartPre= runs check-config on exactly the file ExecStart= runs with, as the CLI parses them."""
+    (pre,) = unit["Service.ExecStartPre"]
+    (start,) = unit["Service.ExecStart"]
+    pre_binary, *pre_args = shlex.split(pre)
+    start_binary, *start_args = shlex.split(start)
+    assert pre_binary == start_binary == INSTALLED_BINARY
+    check = _parser().parse_args(pre_args)  # the service's own parser: exits on a bad command line
+    run = _parser().parse_args(start_args)
+    assert (check.command, run.command) == ("check-config", "run")
+    assert check.file == run.config == CONFIG
+
+
+def test_stop_timeout_outlasts_the_sweep_kill_path(unit: dict[str, list[str]]) -> None:
+    """systemd waits well past the service's own bounded stop before it sends SIGKILL."""
+    assert seconds(unit["Service.TimeoutStopSec"][-1]) >= 2 * STOP_PATH_S
+
+
+def test_sandbox_keeps_what_tensorflow_and_cuda_need(unit: dict[str, list[str]]) -> None:
+    """No W^X ban (XLA JIT), AF_UNIX for sd_notify, NVIDIA devices allowed, /proc/driver visible."""
+    assert "Service.MemoryDenyWriteExecute" not in unit
+    assert "AF_UNIX" in unit["Service.RestrictAddressFamilies"][-1].split()
+    assert unit["Service.DevicePolicy"] == ["closed"]
+    allowed = {entry.split()[0] for entry in unit["Service.DeviceAllow"]}
+    assert {"char-nvidia-frontend", "char-nvidia-uvm"} <= allowed
+    assert unit.get("Service.PrivateDevices", ["no"]) == ["no"]  # it would hide /dev/nvidia*
+    assert unit.get("Service.ProcSubset", ["all"]) == ["all"]  # CUDA reads /proc/driver/nvidia
+
+
+def test_service_runs_unprivileged(unit: dict[str, list[str]]) -> None:
+    """A dynamic user with no capabilities that cannot gain privileges, and a read-only system."""
+    assert unit["Service.DynamicUser"] == ["yes"]
+    assert unit["Service.CapabilityBoundingSet"] == [""]
+    assert unit["Service.NoNewPrivileges"] == ["yes"]
+    assert unit["Service.ProtectSystem"] == ["strict"]

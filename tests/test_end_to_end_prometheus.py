@@ -1,0 +1,246 @@
+"""The real service scraped by a real Prometheus that loads the shipped rules; every dashboard and rule query runs.
+
+Two services are scraped: the real TensorFlow one (this machine has no GPU, so it exports the CPU and
+the explicit `no_gpu` crossover state) and one on the fake known-curve backend of tests/fakes.py, whose
+fake GPU gives the GPU-only queries (speed-up, crossover size, fleet join) data to return.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
+from tests.service import RunningService
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/test installs it)"),
+]
+
+TENSORFLOW_CONFIG = """
+schedule: {interval: 20s}
+benchmark:
+  sizes: [1, 32, 128, 256]
+  timeout: 60s
+  timing: {size_budget: 300ms}
+"""
+FAKE_GPU_CONFIG = """
+schedule: {interval: 20s}
+benchmark:
+  backend: "tests.fakes:curve"
+  sizes: [16, 32, 64, 128]
+  timing: {size_budget: 200ms, block_time: 2ms, min_blocks: 3}
+"""
+# What Grafana would put in for its built-in interval variables.
+BUILTINS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
+# Panels whose data can only exist where a GPU was measured. The TensorFlow service on this CPU-only
+# machine legitimately returns nothing for them (they must still evaluate without error).
+GPU_ONLY_PANELS = {"Crossover size n* over time", "GPU speed-up over time (CPU time / GPU time)"}
+
+
+@dataclass(frozen=True)
+class Stack:
+    prometheus: str  # base URL
+    tensorflow: RunningService
+    fake_gpu: RunningService
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.prometheus}{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result; an error status or HTTP error fails the test."""
+        try:
+            data = self.api("/api/v1/query", query=expr)
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{expr}\n-> HTTP {exc.code}: {exc.read().decode()}") from None
+        return list(data["result"])
+
+
+def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _prometheus_config(tmp: Path, targets: list[str]) -> Path:
+    """The repository's scrape example with the targets rewritten, 1s intervals and the shipped rules."""
+    example = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
+    (job,) = example["scrape_configs"]
+    job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": targets}])
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES)],
+        "scrape_configs": [job],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    started: list[Callable[[], object]] = []
+    try:
+        tensorflow = RunningService(tmp_path_factory.mktemp("tensorflow"), TENSORFLOW_CONFIG)
+        started.append(tensorflow.stop)
+        fake_gpu = RunningService(tmp_path_factory.mktemp("fake-gpu"), FAKE_GPU_CONFIG)
+        started.append(fake_gpu.stop)
+        port = free_port()
+        config = _prometheus_config(tmp, [f"127.0.0.1:{tensorflow.port}", f"127.0.0.1:{fake_gpu.port}"])
+        log = (tmp / "prometheus.log").open("w")
+        started.append(log.close)
+        assert PROMETHEUS is not None
+        prometheus = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        started.append(lambda: _stop(prometheus))
+        stack = Stack(f"http://127.0.0.1:{port}", tensorflow, fake_gpu)
+        _wait(lambda: urllib.request.urlopen(f"{stack.prometheus}/-/ready", timeout=2).status == 200, 20, "ready")  # noqa: S310
+        # Both services have swept and been scraped, and the rules have run over their data.
+        _wait(lambda: bool(stack.query('matmul_duration_seconds{backend="tensorflow"}')), 45, "TensorFlow timings")
+        _wait(lambda: bool(stack.query("instance_device:matmul_gpu_speedup:ratio")), 30, "the GPU speed-up rule")
+        # Two scrapes of each target's four counters, so that increase() has something to compare.
+        _wait(lambda: len(stack.query("increase(matmul_sweeps_total[1m])")) == 8, 10, "two scrapes")
+        yield stack
+    finally:
+        for stop in reversed(started):
+            stop()
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _regex_literal(values: list[str]) -> str:
+    """A multi-value selection as Grafana writes it into a =~ matcher, escaped for a PromQL string."""
+    return "(" + "|".join(re.escape(v) for v in values).replace("\\", "\\\\") + ")"
+
+
+def _substitute(expr: str, values: dict[str, str]) -> str:
+    for name, value in {**BUILTINS, **{f"${k}": v for k, v in values.items()}}.items():
+        expr = expr.replace(name, value)
+    assert "$" not in expr.replace("$1", ""), f"unsubstituted variable in {expr}"
+    return expr
+
+
+def _resolve_variables(stack: Stack, instance: str) -> dict[str, str]:
+    """Each query variable's values as Grafana would fetch them, with `instance` fixed to one target."""
+    values: dict[str, str] = {"instance": _regex_literal([instance])}
+    for variable in load_dashboard()["templating"]["list"]:
+        if variable["type"] != "query" or variable["name"] == "instance":
+            continue
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable["query"])
+        assert match is not None, variable["query"]
+        selector = _substitute(match.group(1), values)
+        found = stack.api(f"/api/v1/label/{match.group(2)}/values", **{"match[]": selector})
+        assert found, f"variable {variable['name']} has no values for {instance}"
+        values[variable["name"]] = _regex_literal(found)
+    return values
+
+
+def test_variables_offer_the_gpus_and_no_gpu_state(stack: Stack) -> None:
+    """The GPU variable lists the fake /GPU:0 and the TensorFlow service's explicit "none" (state no_gpu)."""
+    assert _resolve_variables(stack, f"127.0.0.1:{stack.fake_gpu.port}")["gpu"] == "(/GPU:0)"
+    assert _resolve_variables(stack, f"127.0.0.1:{stack.tensorflow.port}")["gpu"] == "(none)"
+    states = stack.query('matmul_crossover_state{backend="tensorflow"} == 1')
+    assert {s["metric"]["state"] for s in states} == {"no_gpu"}
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "fake_gpu"])
+def test_every_dashboard_query_evaluates_and_returns_data(stack: Stack, target: str) -> None:
+    """Every panel query runs without error for each instance, and returns data unless it needs a missing GPU."""
+    service: RunningService = getattr(stack, target)
+    values = _resolve_variables(stack, f"127.0.0.1:{service.port}")
+    empty = [
+        f"{panel['title']} [{query['refId']}]"
+        for panel in dashboard_panels(load_dashboard())
+        for query in panel["targets"]
+        if not stack.query(_substitute(query["expr"], values))
+    ]
+    # On this CPU-only machine the real TensorFlow service has no GPU, so its GPU-only panels are empty;
+    # the fake GPU fills every panel.
+    allowed = {e for e in empty if e.split(" [")[0] in GPU_ONLY_PANELS} if target == "tensorflow" else set()
+    assert set(empty) <= allowed
+
+
+def test_latest_sweep_chart_has_each_device_and_mode_and_a_line_at_each_crossover(stack: Stack) -> None:
+    """The XY chart's query returns CPU and GPU in both modes, plus two points at n* spanning the curves."""
+    (panel,) = [p for p in dashboard_panels(load_dashboard()) if p["type"] == "xychart"]
+    values = _resolve_variables(stack, f"127.0.0.1:{stack.fake_gpu.port}")
+    rows = stack.query(_substitute(panel["targets"][0]["expr"], values))
+    curves = {(r["metric"]["device"], r["metric"]["mode"]) for r in rows}
+    assert {("/CPU:0", "compute"), ("/CPU:0", "end_to_end"), ("/GPU:0", "compute"), ("/GPU:0", "end_to_end")} <= curves
+    for mode in ("compute", "end_to_end"):
+        marks = {
+            r["metric"]["edge"]: r for r in rows if r["metric"]["device"] == "n* /GPU:0" and r["metric"]["mode"] == mode
+        }
+        assert set(marks) == {"bottom", "top"}
+        times = [float(r["value"][1]) for r in rows if r["metric"]["mode"] == mode and "edge" not in r["metric"]]
+        assert float(marks["bottom"]["value"][1]) == min(times)
+        assert float(marks["top"]["value"][1]) == max(times)
+        (crossover,) = stack.query(f'matmul_crossover_size{{gpu="/GPU:0", mode="{mode}", backend="fake"}}')
+        assert marks["bottom"]["metric"]["size"] == marks["top"]["metric"]["size"]
+        assert float(marks["top"]["metric"]["size"]) == pytest.approx(float(crossover["value"][1]))
+
+
+def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Stack) -> None:
+    """Each rule's expression runs through /api/v1/query; each recorded series exists (the fake GPU feeds them)."""
+    for rule in load_rules():
+        stack.query(rule["expr"])  # alerts are quiet on healthy services: evaluating without error is the point
+        if "record" in rule:
+            record = rule["record"]
+            # A rule evaluated between a target's first and second scrape records nothing until the next round.
+            _wait(lambda record=record: bool(stack.query(record)), 5, f"{record} to record something")
+
+
+def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
+    """/api/v1/rules lists every rule of rules.yml with health ok and no error."""
+    expected = {rule.get("record") or rule["alert"] for rule in load_rules()}
+
+    def rules() -> list[dict[str, Any]]:
+        return [r for g in stack.api("/api/v1/rules")["groups"] for r in g["rules"]]
+
+    _wait(lambda: all(r["health"] == "ok" for r in rules()), 10, "every rule evaluated")
+    assert {r["name"] for r in rules()} == expected
+    assert [r for r in rules() if r.get("lastError")] == []
+    assert [r["name"] for r in rules() if r["type"] == "alerting" and r["state"] == "firing"] == []

@@ -1,0 +1,139 @@
+"""The Prometheus rules and scrape example, checked by the real promtool and against the metric contract."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from monitor.config import DEFAULT_PORT
+from monitor.metrics import EXPOSED_NAMES
+from tests.promql import (
+    ALERTS_DOC,
+    RULE_TESTS,
+    RULES,
+    SCRAPE_EXAMPLE,
+    doc_anchors,
+    load_rules,
+    metric_names,
+    recorded_names,
+)
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/test installs it)")
+
+
+def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run(
+        [PROMTOOL, *map(str, args)], capture_output=True, text=True, timeout=120, check=False, cwd=RULES.parent
+    )
+
+
+def _alerts() -> list[dict[str, object]]:
+    return [rule for rule in load_rules() if "alert" in rule]
+
+
+def _unit_test_files() -> list[Path]:
+    return sorted(RULE_TESTS.glob("*.yml"))
+
+
+@needs_promtool
+def test_rules_file_passes_promtool_check() -> None:
+    """`promtool check rules` accepts deploy/prometheus/rules.yml."""
+    result = _promtool("check", "rules", RULES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+@needs_promtool
+def test_rule_unit_tests_pass_under_promtool() -> None:
+    """`promtool test rules` passes every unit test in tests/prometheus."""
+    files = _unit_test_files()
+    assert files, "no promtool unit tests found"
+    result = _promtool("test", "rules", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(files), result.stdout
+
+
+def test_every_alert_has_a_firing_and_a_silent_unit_test() -> None:
+    """Each alert is expected to fire in some promtool test and to stay silent in another."""
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for path in _unit_test_files():
+        for test in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]:
+            for case in test.get("alert_rule_test", []):
+                (fires if case.get("exp_alerts") else silent).add(case["alertname"])
+    alerts = {str(rule["alert"]) for rule in _alerts()}
+    assert alerts - fires == set(), "alerts never shown firing"
+    assert alerts - silent == set(), "alerts never shown staying silent"
+
+
+@needs_promtool
+def test_scrape_example_is_a_valid_prometheus_config(tmp_path: Path) -> None:
+    """The scrape example passes `promtool check config`, scrapes port 9437 every 15–30s and loads the rules."""
+    result = _promtool("check", "config", SCRAPE_EXAMPLE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
+    assert config["rule_files"] == [RULES.name]
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "crossover-monitor"
+    assert job["scrape_interval"] in {"15s", "20s", "30s"}
+    targets = [t for group in job["static_configs"] for t in group["targets"]]
+    assert [t.rsplit(":", 1)[1] for t in targets] == [str(DEFAULT_PORT)]
+
+
+def test_rules_file_is_plain_prometheus_rule_groups() -> None:
+    """rules.yml holds only `groups:` (no Kubernetes wrapper), each with a name and rules."""
+    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    assert list(document) == ["groups"]
+    assert all({"name", "rules"} <= set(group) for group in document["groups"])
+
+
+def test_rules_read_only_exported_metric_names() -> None:
+    """Every exporter metric a rule expression reads is in monitor.metrics.EXPOSED_NAMES."""
+    used = metric_names([str(rule["expr"]) for rule in load_rules()], recorded_names())
+    assert used, "no metric names found in the rules: the parser is broken"
+    assert used - EXPOSED_NAMES == set()
+
+
+def test_unit_tests_feed_the_rules_only_exported_metric_names() -> None:
+    """The input series of the promtool tests are metrics the service really exports, not invented ones."""
+    fed = {
+        series["series"].split("{", 1)[0]
+        for path in _unit_test_files()
+        for test in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]
+        for series in test["input_series"]
+    }
+    assert fed
+    assert fed - EXPOSED_NAMES == set()
+
+
+def test_metric_name_parser_reports_unknown_names_and_skips_recorded_ones() -> None:
+    """The name check finds a misspelt metric and ignores names that recording rules define."""
+    recorded = {"instance_device:matmul_gpu_speedup:ratio"}
+    assert metric_names(['rate(matmul_sweep_total{result="failed"}[5m])'], recorded) == {"matmul_sweep_total"}
+    assert metric_names(["instance_device:matmul_gpu_speedup:ratio > 1"], recorded) == set()
+
+
+@pytest.mark.parametrize("alert", _alerts(), ids=lambda rule: str(rule["alert"]))
+def test_alert_has_summary_description_and_runbook_section(alert: dict[str, object]) -> None:
+    """Each alert has a summary, a description and a runbook_url whose anchor exists in docs/alerts.md."""
+    annotations = alert["annotations"]
+    assert isinstance(annotations, dict)
+    assert annotations["summary"].strip()
+    assert annotations["description"].strip()
+    anchor = str(alert["alert"]).lower()
+    assert annotations["runbook_url"] == f"docs/alerts.md#{anchor}"
+    assert anchor in doc_anchors(ALERTS_DOC)
+    assert alert.get("labels", {}).get("severity") in {"info", "warning", "critical"}
+
+
+def test_recording_rule_names_follow_level_metric_operations() -> None:
+    """Recorded names have the level:metric:operations shape, so they never clash with exported names."""
+    for name in recorded_names():
+        assert name.count(":") == 2, name
+        assert name not in EXPOSED_NAMES
