@@ -1,0 +1,172 @@
+"""The real-GPU golden scrape: /metrics of the service on an NVIDIA H200 (torch backend, 2026-11-29).
+
+tests/fixtures/h200_torch_metrics.txt was scraped from the running service on the lent H200
+(benchmarks/h200_service.yaml). The exporter must still render exactly those samples from the
+same data, and the scrape must hold every metric family the contract promises.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from monitor.metrics import EXPOSED_NAMES, build_registry, render
+from monitor.model import (
+    CostModel,
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    Measurement,
+    PointKey,
+    ServiceState,
+    Snapshot,
+    StopReason,
+    SweepOutcome,
+    SweepResult,
+    Timing,
+)
+from tests.service import Samples, find, parse
+
+FIXTURE = Path(__file__).parent / "fixtures" / "h200_torch_metrics.txt"
+# Set by the process and the scheduler, not by the sweep's data.
+VOLATILE = {"matmul_monitor_build_info", "matmul_sweep_next_timestamp_seconds"}
+
+
+@pytest.fixture(scope="module")
+def golden() -> Samples:
+    return parse(FIXTURE.read_text())
+
+
+def _labels(key: frozenset[tuple[str, str]]) -> dict[str, str]:
+    return dict(key)
+
+
+def _snapshot_from(samples: Samples) -> ServiceState:
+    """The ServiceState that the H200 service held, rebuilt from its scrape."""
+    devices = []
+    for key in find(samples, "matmul_device_info"):
+        labels = _labels(key)
+        details = tuple((k, labels[k]) for k in ("compute_capability", "threads") if labels.get(k))
+        devices.append(
+            DeviceInfo(
+                backend=labels["backend"],
+                device=labels["device"],
+                kind=labels["kind"],
+                name=labels["name"],  # type: ignore[arg-type]
+                details=details,
+            )
+        )
+    measurements = []
+    for key, median in find(samples, "matmul_duration_seconds").items():
+        labels = _labels(key)
+        point = PointKey(
+            backend=labels["backend"],
+            device=labels["device"],
+            dtype=labels["dtype"],
+            mode=labels["mode"],  # type: ignore[arg-type]
+            size=int(labels["size"]),
+        )
+        timing = Timing(
+            median_s=median,
+            iqr_s=samples[("matmul_duration_iqr_seconds", key)],
+            blocks=5,
+            calls_per_block=1,
+            stop_reason=StopReason.CONVERGED,
+            noisy=samples[("matmul_duration_noisy", key)] == 1,
+        )
+        measurements.append(Measurement(key=point, timing=timing))
+    crossovers = []
+    for key, value in find(samples, "matmul_crossover_state").items():
+        if value != 1:
+            continue
+        labels = _labels(key)
+        pair = frozenset((k, v) for k, v in key if k != "state")
+        crossovers.append(
+            Crossover(
+                backend=labels["backend"],
+                gpu=labels["gpu"],
+                cpu=labels["cpu"],
+                dtype=labels["dtype"],
+                mode=labels["mode"],  # type: ignore[arg-type]
+                state=CrossoverState(labels["state"]),
+                size=samples.get(("matmul_crossover_size", pair)),
+                lower=samples.get(("matmul_crossover_lower_size", pair)),
+                upper=samples.get(("matmul_crossover_upper_size", pair)),
+                ci_lower=samples.get(("matmul_crossover_ci_lower_size", pair)),
+                ci_upper=samples.get(("matmul_crossover_ci_upper_size", pair)),
+            )
+        )
+    costs = []
+    for key, fixed in find(samples, "matmul_fixed_cost_seconds").items():
+        labels = _labels(key)
+        costs.append(
+            CostModel(
+                backend=labels["backend"],
+                device=labels["device"],
+                dtype=labels["dtype"],
+                mode=labels["mode"],  # type: ignore[arg-type]
+                fixed_s=fixed,
+                peak_flops=samples.get(("matmul_peak_flops_per_second", key)),
+                largest_size=4096,
+            )
+        )
+    (bench_key,) = find(samples, "matmul_benchmark_info")
+    environment = tuple(sorted((k, v) for k, v in bench_key if k != "backend" and v))
+    finished = samples[("matmul_sweep_last_success_timestamp_seconds", frozenset())]
+    started = finished - samples[("matmul_sweep_duration_seconds", frozenset())]
+    snapshot = Snapshot(
+        started_at=started,
+        finished_at=finished,
+        devices=tuple(devices),
+        measurements=tuple(measurements),
+        crossovers=tuple(crossovers),
+        costs=tuple(costs),
+        environment=environment,
+    )
+    outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=started, finished_at=finished, snapshot=snapshot)
+    counts = tuple((r, int(samples[("matmul_sweeps_total", frozenset({("result", r.value)}))])) for r in SweepResult)
+    return ServiceState(latest=snapshot, last_success_at=finished, last_outcome=outcome, sweeps=counts)
+
+
+def test_golden_scrape_passes_promtool() -> None:
+    """The real-GPU exposition passes promtool check metrics with no warnings."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=FIXTURE.read_text(), capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_golden_scrape_has_every_family_of_the_contract(golden: Samples) -> None:
+    """With a real GPU every exported family appears, and nothing outside the contract does."""
+    names = {name for name, _ in golden}
+    assert names == EXPOSED_NAMES
+
+
+def test_golden_scrape_found_the_h200_crossovers(golden: Samples) -> None:
+    """On the H200 both modes found a crossover inside its bracket and confidence interval."""
+    (gpu,) = find(golden, "matmul_device_info", kind="gpu")
+    assert _labels(gpu)["name"] == "NVIDIA H200"
+    assert _labels(gpu)["compute_capability"] == "9.0"
+    for mode in ("compute", "end_to_end"):
+        (key,) = find(golden, "matmul_crossover_size", mode=mode)
+        size = golden[("matmul_crossover_size", key)]
+        assert golden[("matmul_crossover_lower_size", key)] <= size <= golden[("matmul_crossover_upper_size", key)]
+        assert (
+            golden[("matmul_crossover_ci_lower_size", key)] <= size <= golden[("matmul_crossover_ci_upper_size", key)]
+        )
+
+
+def test_exporter_renders_the_golden_scrape_again(golden: Samples) -> None:
+    """The current exporter, fed the same data, renders exactly the H200 service's samples."""
+    state = _snapshot_from(golden)
+    registry = build_registry(lambda: state, backend="torch", framework_version="2.11.0+cu130")
+    body, _ = render(registry, None)
+    rendered = {k: v for k, v in parse(body.decode()).items() if k[0] not in VOLATILE}
+    expected = {k: v for k, v in golden.items() if k[0] not in VOLATILE}
+    assert rendered == expected
