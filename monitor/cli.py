@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import threading
 from collections.abc import Sequence
@@ -11,7 +12,15 @@ from pathlib import Path
 
 from monitor import __version__
 from monitor.config import Settings, load_settings, with_listen
-from monitor.errors import EXIT_CONFIG, EXIT_FAILURE, EXIT_OK, EXIT_START, ConfigError, StartupError
+from monitor.errors import (
+    EXIT_CONFIG,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_START,
+    ConfigError,
+    StartupError,
+)
 from monitor.logs import configure
 from monitor.model import SweepResult
 from monitor.protocol import Plan
@@ -71,7 +80,16 @@ def _once(settings: Settings, as_json: bool) -> int:
     from monitor.sweep import run_sweep  # noqa: PLC0415 - keeps check-config light
 
     bench = settings.benchmark
-    outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=threading.Event())
+    cancel = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: cancel.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=cancel)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if cancel.is_set():
+        print("crossover-monitor: interrupted; the sweep's worker was stopped", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(render_json(outcome) if as_json else render_table(outcome))
     return EXIT_OK if outcome.result is SweepResult.SUCCESS else EXIT_FAILURE
 

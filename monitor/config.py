@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from monitor.errors import ConfigError, Problem
-from monitor.model import DTYPES, MODES, Mode
+from monitor.model import DTYPES, MODES, Mode, canonical_device
 from monitor.schedule import cron_problem
 
 DEFAULT_PORT = 9437
@@ -73,6 +73,8 @@ class BenchmarkSettings:
     refine: RefineSettings = field(default_factory=RefineSettings)
     # Stop timing the CPU at larger sizes once every GPU beat it by this factor at two sizes in a row.
     skip_cpu_above_speedup: float | None = None
+    # GPUs this machine must have: fewer found is a failure (driver gone), not a quiet CPU-only sweep.
+    expect_gpus: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,10 +244,10 @@ def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
         elif (problem := cron_problem(cron)) is not None:
             r.add("schedule.cron", f"{problem}, got {cron!r}")
             cron = None
-    if "interval" in section and "cron" in section:
+    if section.get("interval") is not None and section.get("cron") is not None:
         r.add("schedule", "set either interval or cron, not both")
     jitter = r.get(section, "jitter", "schedule.jitter", 0.0, _duration(positive=False))
-    if cron is None and interval is None and "cron" not in section:
+    if cron is None and interval is None:
         interval = ScheduleSettings().interval_s
     if interval is not None and jitter >= interval:
         r.add("schedule.jitter", f"must be shorter than the interval ({interval:g}s), got {section['jitter']!r}")
@@ -345,7 +347,7 @@ def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
 def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     bench = r.section(data, "benchmark", "benchmark")
     known = {"backend", "devices", "sizes", "dtypes", "modes", "timeout", "tf32", "cpu_threads", "timing"}
-    known |= {"refine", "skip_cpu_above_speedup"}
+    known |= {"refine", "skip_cpu_above_speedup", "expect_gpus"}
     r.reject_unknown(bench, known, "benchmark")
     d = BenchmarkSettings()
 
@@ -365,6 +367,14 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
             r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {raw_devices!r}")
         else:
             devices = _read_list(r, bench, "devices", (), _device) or None
+            seen: dict[str, str] = {}
+            for index, name in enumerate(devices or ()):
+                if canonical_device(name) in seen:
+                    r.add(
+                        f"benchmark.devices[{index}]",
+                        f"{name!r} is the same device as {seen[canonical_device(name)]!r}",
+                    )
+                seen.setdefault(canonical_device(name), name)
 
     cpu_threads: int | None = None
     if bench.get("cpu_threads", "auto") not in ("auto", None):
@@ -381,6 +391,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
         cpu_threads=cpu_threads,
         timing=_read_timing(r, bench),
         refine=_read_refine(r, bench),
+        expect_gpus=r.get(bench, "expect_gpus", "benchmark.expect_gpus", d.expect_gpus, _integer(0)),
         skip_cpu_above_speedup=r.get(
             bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, _speedup_factor
         ),

@@ -92,6 +92,8 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     """
     curves: dict[tuple[str, str, str, Mode], dict[int, _Point]] = {}
     for m in measurements:
+        if m.role == "probe":  # the n=1 fixed-cost probe was not asked for; it must not sway the state
+            continue
         key = (m.key.backend, m.key.device, m.key.dtype, m.key.mode)
         samples = m.timing.samples_s or (m.timing.median_s,)
         curves.setdefault(key, {})[m.key.size] = _Point(m.timing.median_s, samples)

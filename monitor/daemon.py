@@ -15,7 +15,7 @@ from monitor import systemd
 from monitor.config import Settings
 from monitor.errors import StartupError
 from monitor.metrics import build_registry
-from monitor.model import ServiceState, SweepResult
+from monitor.model import ServiceState, SweepOutcome, SweepResult
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 from monitor.server import MetricsServer
@@ -28,6 +28,8 @@ _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("tor
 # A sweep still running this long after its deadline means its kill path is stuck.
 _STUCK_AFTER_DEADLINE_S = 30.0
 _MAIN_LOOP_TICK_S = 1.0
+# A due sweep that has not started this long after its time means the scheduler thread is gone.
+_OVERDUE_AFTER_S = 120.0
 
 
 def framework_version(backend: str) -> str:
@@ -78,6 +80,9 @@ class Service:
     def healthy(self) -> tuple[bool, str]:
         if not self._scheduler.running:
             return False, "the scheduler is not running"
+        due = self._scheduler.next_run_at()
+        if self._sweep_started is None and due is not None and time.time() - due > _OVERDUE_AFTER_S:
+            return False, f"the next sweep was due {time.time() - due:.0f}s ago and has not started"
         started = self._sweep_started
         limit = self._settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
         if started is not None and time.monotonic() - started > limit:
@@ -95,6 +100,7 @@ class Service:
             return
         self._sweep_idle.clear()
         self._sweep_started = time.monotonic()
+        started_at = time.time()
         try:
             bench = self._settings.benchmark
             log.info("sweep started", extra={"backend": bench.backend, "sizes": len(bench.sizes)})
@@ -107,8 +113,12 @@ class Service:
                 log.info("sweep finished", extra=fields)
             else:
                 log.error("sweep failed", extra={**fields, "reason": outcome.reason})
-        except Exception:  # a bug must not kill the scheduler thread silently
+        except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
             log.exception("sweep crashed")
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            self._store.record(
+                SweepOutcome(result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=reason)
+            )
         finally:
             self._sweep_started = None
             self._sweep_idle.set()
@@ -149,6 +159,6 @@ class Service:
         self._cancel_sweep.set()
         self._scheduler.shutdown()
         if not self._sweep_idle.wait(KILL_GRACE_S * 2 + 1):
-            log.warning("a sweep did not stop in time; exiting anyway")
+            log.warning("a sweep did not stop in time; its worker is killed when this process exits")
         self._server.stop()
         log.info("stopped")

@@ -9,6 +9,7 @@ EXIT_FAILURE = 1  # a sweep run by `once` failed, or the service failed at run t
 EXIT_USAGE = 2  # bad command-line arguments (argparse's own code)
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid
 EXIT_START = 3  # the service could not start (e.g. its listen address is taken)
+EXIT_INTERRUPTED = 130  # `once` was stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
 
 class MonitorError(Exception):

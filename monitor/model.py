@@ -16,6 +16,11 @@ MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 
 
+def canonical_device(name: str) -> str:
+    """A device name compared loosely: '/device:GPU:0', '/GPU:0' and 'gpu:0' are one device."""
+    return name.strip().lower().removeprefix("/").removeprefix("device:")
+
+
 class SweepResult(enum.Enum):
     """How one scheduled sweep ended; the label values of ``matmul_sweeps_total``."""
 

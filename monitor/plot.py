@@ -130,6 +130,8 @@ def from_url(url: str) -> Chart:
     try:
         with urllib.request.urlopen(url, timeout=_FETCH_TIMEOUT_S) as response:  # noqa: S310 - scheme checked above
             text = response.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise PlotError(f"{url} did not answer with Prometheus metrics: the body is not UTF-8 text") from None
     except urllib.error.HTTPError as exc:
         raise PlotError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError) as exc:

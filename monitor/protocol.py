@@ -29,6 +29,7 @@ class Plan:
     timing: TimingSettings
     refine: RefineSettings = dataclasses.field(default_factory=lambda: RefineSettings(enabled=False))
     skip_cpu_above_speedup: float | None = None
+    expect_gpus: int = 0
 
     @classmethod
     def from_settings(cls, bench: BenchmarkSettings) -> Plan:
@@ -43,6 +44,7 @@ class Plan:
             timing=bench.timing,
             refine=bench.refine,
             skip_cpu_above_speedup=bench.skip_cpu_above_speedup,
+            expect_gpus=bench.expect_gpus,
         )
 
     def to_json(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 from collections.abc import Callable
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
@@ -27,6 +28,9 @@ def cron_trigger(expression: str, jitter_s: float = 0.0) -> CronTrigger:
     if len(fields) != _CRONTAB_FIELDS:
         raise ValueError(f"expected 5 fields (minute hour day month weekday), got {len(fields)}")
     minute, hour, day, month, day_of_week = fields
+    if day not in ("*", "?") and day_of_week not in ("*", "?"):
+        # crontab fires when either matches; APScheduler only when both do: refuse the ambiguity
+        raise ValueError("restrict the day of month or the weekday, not both")
     return CronTrigger(
         minute=minute,
         hour=hour,
@@ -34,8 +38,13 @@ def cron_trigger(expression: str, jitter_s: float = 0.0) -> CronTrigger:
         month=month,
         day_of_week=_weekdays(day_of_week),
         timezone=dt.UTC,
-        jitter=int(jitter_s) or None,
+        jitter=_whole_seconds(jitter_s),
     )
+
+
+def _whole_seconds(jitter_s: float) -> int | None:
+    """APScheduler's jitter is whole seconds: round up, so that a configured jitter never vanishes."""
+    return math.ceil(jitter_s) or None
 
 
 _DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
@@ -112,7 +121,7 @@ class SweepScheduler:
             return cron_trigger(cron, jitter_s)
         if interval_s is None:
             raise ValueError("a schedule needs an interval or a cron expression")
-        return IntervalTrigger(seconds=interval_s, timezone=dt.UTC, jitter=int(jitter_s) or None)
+        return IntervalTrigger(seconds=interval_s, timezone=dt.UTC, jitter=_whole_seconds(jitter_s))
 
     def start(self) -> None:
         """Start the scheduler thread; the first sweep runs right away."""

@@ -56,7 +56,12 @@ def _handler(registry: Registry, healthy: Probe, ready: Probe) -> type[BaseHTTPR
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                body, content_type = render(registry, self.headers.get("Accept"))
+                try:
+                    body, content_type = render(registry, self.headers.get("Accept"))
+                except Exception:  # a bug in rendering must answer 500, not drop the connection
+                    log.exception("rendering /metrics failed")
+                    self._send(500, b"internal error rendering metrics; see the service log\n", "text/plain")
+                    return
                 self._send(200, body, content_type)
             elif path in ("/healthz", "/readyz"):
                 ok, message = (healthy if path == "/healthz" else ready)()

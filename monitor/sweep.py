@@ -204,10 +204,16 @@ def run_sweep(
     """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults."""
     started = clock()
     collected = _Collected()
+    if cancel.is_set():  # the service began stopping before this sweep could start its worker
+        return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=clock(), reason="cancelled")
     worker = launch(plan)
-    stopped = _collect(
-        worker, collected, deadline=monotonic() + timeout_s, timeout_s=timeout_s, cancel=cancel, monotonic=monotonic
-    )
+    try:
+        stopped = _collect(
+            worker, collected, deadline=monotonic() + timeout_s, timeout_s=timeout_s, cancel=cancel, monotonic=monotonic
+        )
+    except BaseException:  # e.g. Ctrl-C in `once`: the worker is in its own session and would live on
+        worker.stop()
+        raise
     if stopped is not None:
         result, reason = stopped
         status = worker.stop()
@@ -217,19 +223,23 @@ def run_sweep(
         return SweepOutcome(result=result, started_at=started, finished_at=clock(), reason=reason)
     if worker.exit_status(KILL_GRACE_S) is None:
         worker.stop()
+    # A device that failed part-way through keeps none of its points: a truncated curve would
+    # give a made-up crossover state, and its series must disappear (its up gauge says 0).
+    failed_devices = {f.device for f in collected.failures if f.point is None}
+    measurements = [m for m in collected.measurements if m.key.device not in failed_devices]
     snapshot = Snapshot(
         started_at=started,
         finished_at=clock(),
         devices=tuple(collected.devices),
-        measurements=tuple(collected.measurements),
-        crossovers=crossovers(collected.devices, collected.measurements),
-        costs=cost_models(collected.measurements),
+        measurements=tuple(measurements),
+        crossovers=crossovers(collected.devices, measurements),
+        costs=cost_models(measurements),
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),
     )
-    device_failures = [f.reason for f in collected.failures if f.point is None]
-    result = SweepResult.FAILED if device_failures or not collected.measurements else SweepResult.SUCCESS
-    reason = "; ".join(device_failures) or ("" if collected.measurements else "no device produced a measurement")
+    device_failures = [f"{f.device}: {f.reason}" for f in collected.failures if f.point is None]
+    result = SweepResult.FAILED if device_failures or not measurements else SweepResult.SUCCESS
+    reason = "; ".join(device_failures) or ("" if measurements else "no device produced a measurement")
     return SweepOutcome(
         result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
     )

@@ -86,6 +86,31 @@ class BrokenGpuBackend(CurveBackend):
         return super().prepare(device, size, dtype, mode)
 
 
+class LateFailingGpuBackend(CurveBackend):
+    """A GPU that works for small sizes, then fails for good (a card that falls off the bus)."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu" and size >= 64:
+            raise DeviceUnavailable(device.device, "CUDA_ERROR_LAUNCH_FAILED (injected)")
+        return super().prepare(device, size, dtype, mode)
+
+
+class BuggyBackend(CurveBackend):
+    """A plug-in whose GPU code has a plain bug (not one of the contract's errors)."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu":
+            return lambda calls: calls // 0
+        return super().prepare(device, size, dtype, mode)
+
+
+class CpuOnlyBackend(CurveBackend):
+    """A GPU machine whose driver is gone: only the CPU is found."""
+
+    def discover(self) -> Sequence[DeviceInfo]:
+        return [CPU]
+
+
 class SlowBackend(CurveBackend):
     """Every block takes a second, so a sweep is reliably in flight when the test signals."""
 
@@ -107,6 +132,18 @@ def crashing(options: BackendOptions) -> CurveBackend:
 
 def broken_gpu(options: BackendOptions) -> CurveBackend:
     return BrokenGpuBackend(options)
+
+
+def late_failing_gpu(options: BackendOptions) -> CurveBackend:
+    return LateFailingGpuBackend(options)
+
+
+def buggy(options: BackendOptions) -> CurveBackend:
+    return BuggyBackend(options)
+
+
+def cpu_only(options: BackendOptions) -> CurveBackend:
+    return CpuOnlyBackend(options)
 
 
 def slow(options: BackendOptions) -> CurveBackend:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,29 @@ def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
     result = _once(tmp_path, config=CONFIG.replace("tests.fakes:curve", "tests.fakes:crashing"))
     assert result.returncode == 1
     assert "sweep failed" in result.stdout
+
+
+def test_sigterm_stops_once_and_its_worker(tmp_path: Path) -> None:
+    """SIGTERM during `once` kills the sweep's worker (its own process group) and exits 130."""
+    path = tmp_path / "config.yaml"
+    path.write_text(CONFIG.replace("tests.fakes:curve", "tests.fakes:slow"))
+    process = subprocess.Popen([sys.executable, "-m", "monitor", "once", "--config", str(path)], cwd=REPO)
+    try:
+        workers: list[int] = []
+        deadline = time.monotonic() + 20
+        while not workers and time.monotonic() < deadline:
+            time.sleep(0.2)
+            found = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True, check=False)
+            workers = [int(pid) for pid in found.stdout.split()]
+        assert workers, "the worker never started"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 130
+        time.sleep(0.5)
+        for pid in workers:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        process.kill()
 
 
 def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

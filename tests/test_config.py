@@ -64,6 +64,9 @@ BAD_CONFIGS = [
     ("benchmark: {refine: {enabled: 1}}", "benchmark.refine.enabled", "true or false"),
     ("benchmark: {refine: {steps: 4}}", "benchmark.refine.steps", "unknown key"),
     ("benchmark: {skip_cpu_above_speedup: 0.5}", "benchmark.skip_cpu_above_speedup", "greater than 1"),
+    ("schedule: {cron: '0 0 1 * mon'}", "schedule.cron", "not both"),
+    ("benchmark: {devices: ['/GPU:0', 'gpu:0']}", "benchmark.devices[1]", "same device"),
+    ("benchmark: {expect_gpus: -1}", "benchmark.expect_gpus", "at least 0"),
     ("server: {listen: 9437}", "server.listen", "HOST:PORT"),
     ("server: {listen: 'localhost'}", "server.listen", "HOST:PORT"),
     ("server: {listen: '0.0.0.0:70000'}", "server.listen", "between 1 and 65535"),
@@ -127,6 +130,7 @@ benchmark:
   timing: {warmup_calls: 4, block_time: 50ms, min_blocks: 7, max_blocks: 9, target_spread: 0.1, size_budget: 2m}
   refine: {enabled: false, tolerance: 0.01, budget: 10s}
   skip_cpu_above_speedup: 20
+  expect_gpus: 2
 server: {listen: "[::1]:9100"}
 """,
         )
@@ -147,6 +151,7 @@ server: {listen: "[::1]:9100"}
     assert (bench.timing.max_blocks, bench.timing.target_spread, bench.timing.size_budget_s) == (9, 0.1, 120)
     assert (bench.refine.enabled, bench.refine.tolerance, bench.refine.budget_s) == (False, 0.01, 10)
     assert bench.skip_cpu_above_speedup == 20
+    assert bench.expect_gpus == 2
     assert (settings.server.host, settings.server.port) == ("::1", 9100)
     assert settings.server.listen == "[::1]:9100"
 
@@ -164,6 +169,13 @@ def test_durations_accept_units_and_plain_seconds(text: str | float, seconds: fl
 def test_malformed_durations_are_rejected(text: object) -> None:
     """Anything else is not a duration."""
     assert parse_duration(text) is None
+
+
+def test_null_schedule_keys_mean_unset() -> None:
+    """'cron: null' falls back to the default interval; 'interval: null' beside a cron is not 'both'."""
+    assert settings_from_mapping({"schedule": {"cron": None}}).schedule.interval_s == 900
+    schedule = settings_from_mapping({"schedule": {"interval": None, "cron": "*/5 * * * *"}}).schedule
+    assert (schedule.interval_s, schedule.cron) == (None, "*/5 * * * *")
 
 
 def test_plugin_backend_is_accepted() -> None:

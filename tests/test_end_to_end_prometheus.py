@@ -28,10 +28,7 @@ from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard
 from tests.service import RunningService
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not installed (scripts/test installs it)"),
-]
+pytestmark = pytest.mark.slow  # never skipped: a missing prometheus fails (scripts/test installs it)
 
 TENSORFLOW_CONFIG = """
 schedule: {interval: 20s}

@@ -23,7 +23,13 @@ from tests.promql import (
 )
 
 PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (scripts/test installs it)")
+# Never skipped: scripts/test installs promtool, and a missing one must fail the run, not hide it.
+needs_promtool = pytest.mark.usefixtures("_promtool_installed")
+
+
+@pytest.fixture
+def _promtool_installed() -> None:
+    assert PROMTOOL is not None, "promtool is missing: scripts/test installs Debian's prometheus package"
 
 
 def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:

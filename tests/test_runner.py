@@ -5,12 +5,22 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from monitor.bench.contract import BackendOptions
+from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.runner import run_plan
 from monitor.config import RefineSettings
 from monitor.costs import cost_models
 from monitor.crossover import crossovers
-from monitor.model import CrossoverState, DeviceInfo, Measurement, PointKey, StopReason, Timing
+from monitor.model import (
+    CrossoverState,
+    DeviceFailure,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    PointKey,
+    Role,
+    StopReason,
+    Timing,
+)
 from monitor.protocol import Message, Plan
 from tests.conftest import make_plan
 from tests.fakes import CurveBackend
@@ -51,12 +61,12 @@ def test_refinement_pins_the_crossover_within_tolerance() -> None:
 
 
 def test_refinement_stops_when_its_budget_is_spent() -> None:
-    """A zero-ish budget adds at most one bisection step."""
+    """A budget that is spent before the first bisection step adds no refined sizes."""
     plan = dataclasses.replace(
         make_plan("fake", modes=("compute",)), refine=RefineSettings(enabled=True, tolerance=0.001, budget_s=1e-6)
     )
     _, measurements = _run(plan)
-    assert len({m.key.size for m in measurements if m.role == "refine"}) <= 1
+    assert {m.key.size for m in measurements if m.role == "refine"} == set()
 
 
 def test_cpu_is_skipped_far_past_the_crossover_when_allowed() -> None:
@@ -85,6 +95,41 @@ def test_bootstrap_interval_surrounds_the_crossover() -> None:
     assert crossover.ci_lower is not None
     assert crossover.ci_upper is not None
     assert crossover.ci_lower <= crossover.size <= crossover.ci_upper
+
+
+class InstantBackend(CurveBackend):
+    """Blocks that take no time at all: with a clock that never moves, every median is zero."""
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        return lambda _calls: None
+
+
+def test_impossible_medians_are_failures_not_numbers() -> None:
+    """A zero median (a broken clock or backend) is reported as a failed point, never exported."""
+    messages: list[Message] = []
+    backend = InstantBackend(BackendOptions(tf32=False, cpu_threads=1))
+    run_plan(make_plan("fake", sizes=(16,), modes=("compute",)), backend, messages.append, lambda: 0.0)
+    assert not [m for m in messages if isinstance(m, Measurement)]
+    failures = [m for m in messages if isinstance(m, DeviceFailure)]
+    assert failures
+    assert all("impossible median" in f.reason and f.point is not None for f in failures)
+
+
+def test_the_fixed_cost_probe_does_not_sway_the_crossover() -> None:
+    """A GPU 'win' at the unasked-for n=1 probe does not turn a clean crossing into 'ambiguous'."""
+
+    def m(device: str, size: int, seconds: float, role: Role = "sweep") -> Measurement:
+        key = PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)
+        timing = Timing(
+            median_s=seconds, iqr_s=0, blocks=3, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
+        )
+        return Measurement(key=key, timing=timing, role=role)
+
+    cpu, gpu = CurveBackend(BackendOptions(tf32=False, cpu_threads=1)).discover()
+    measurements = [m("/CPU:0", 1, 2.0, "probe"), m("/GPU:0", 1, 1.0, "probe")]
+    measurements += [m("/CPU:0", 16, 1.0), m("/GPU:0", 16, 2.0), m("/CPU:0", 64, 4.0), m("/GPU:0", 64, 1.0)]
+    (crossover,) = crossovers([cpu, gpu], measurements)
+    assert crossover.state is CrossoverState.FOUND
 
 
 def test_cost_model_of_known_times() -> None:

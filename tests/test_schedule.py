@@ -36,6 +36,12 @@ def test_unusable_cron_expressions_are_explained(expression: str) -> None:
     assert cron_problem(expression) is not None
 
 
+def test_sub_second_jitter_is_rounded_up_not_dropped() -> None:
+    """APScheduler takes whole seconds of jitter: 500ms becomes 1s rather than none."""
+    assert cron_trigger("*/5 * * * *", 0.5).jitter == 1
+    assert cron_trigger("*/5 * * * *", 0).jitter is None
+
+
 def test_first_sweep_runs_at_once_and_overlaps_are_skipped() -> None:
     """The first run starts right after start; a tick while it still runs is counted as skipped."""
     started = threading.Event()

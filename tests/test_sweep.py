@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -77,6 +78,47 @@ def test_failed_gpu_keeps_cpu_results_and_fails_the_sweep() -> None:
     assert outcome.snapshot is not None
     assert outcome.snapshot.measured_devices == {"/CPU:0"}
     assert [f.device for f in outcome.snapshot.failures] == ["/GPU:0"]
+
+
+def test_gpu_failing_mid_sweep_keeps_no_points_and_no_crossover() -> None:
+    """A GPU that fails after some sizes loses all its points: no crossover from a truncated curve."""
+    outcome = run_sweep(make_plan("tests.fakes:late_failing_gpu"), timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert "/GPU:0" in outcome.reason
+    assert outcome.snapshot is not None
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    assert outcome.snapshot.crossovers == ()
+    assert all(c.device == "/CPU:0" for c in outcome.snapshot.costs)
+
+
+def test_plugin_bug_fails_its_device_not_the_sweep() -> None:
+    """An unexpected exception from a backend fails that device with its type named; the CPU's results stay."""
+    outcome = run_sweep(make_plan("tests.fakes:buggy"), timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert outcome.snapshot is not None
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    assert "unexpected ZeroDivisionError" in outcome.reason
+
+
+def test_missing_expected_gpu_fails_the_sweep_and_is_named() -> None:
+    """With expect_gpus=1 and no GPU found, the sweep fails and 'expected-gpu-0' is reported down."""
+    plan = dataclasses.replace(make_plan("tests.fakes:cpu_only"), expect_gpus=1)
+    outcome = run_sweep(plan, timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert "expected 1 GPU(s)" in outcome.reason
+    assert outcome.snapshot is not None
+    assert [f.device for f in outcome.snapshot.failures] == ["expected-gpu-0"]
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+
+
+def test_cancelled_before_start_launches_no_worker() -> None:
+    """A sweep that begins after shutdown started does not start a worker at all."""
+    launcher = RecordingLauncher()
+    cancel = threading.Event()
+    cancel.set()
+    outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=30, cancel=cancel, launch=launcher)
+    assert outcome.result is SweepResult.FAILED
+    assert launcher.workers == []
 
 
 def test_cancel_stops_a_sweep_in_flight_within_seconds() -> None:

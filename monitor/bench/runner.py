@@ -15,15 +15,19 @@ from monitor.bench.contract import Backend
 from monitor.bench.timing import Clock, measure
 from monitor.crossover import find_crossover
 from monitor.errors import BackendError, MeasurementFailed
-from monitor.model import CrossoverState, DeviceFailure, DeviceInfo, Measurement, Mode, PointKey, Role
+from monitor.model import (
+    CrossoverState,
+    DeviceFailure,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    PointKey,
+    Role,
+    canonical_device,
+)
 from monitor.protocol import Environment, Message, Plan
 
 Emit = Callable[[Message], None]
-
-
-def canonical_device(name: str) -> str:
-    """A device name compared loosely: '/device:GPU:0', '/GPU:0' and 'gpu:0' are one device."""
-    return name.strip().lower().removeprefix("/").removeprefix("device:")
 
 
 def select_devices(backend: Backend, requested: Sequence[str] | None, emit: Emit) -> list[DeviceInfo]:
@@ -54,6 +58,7 @@ class _Session:
     clock: Clock
     failed: set[str] = field(default_factory=set)
     medians: dict[tuple[str, str, Mode, int], float] = field(default_factory=dict)
+    probes: set[tuple[str, str, Mode, int]] = field(default_factory=set)  # not part of the crossover
 
     def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
         """Time one point (once per sweep) and emit it; None if it could not be timed."""
@@ -70,7 +75,18 @@ class _Session:
             self.failed.add(device.device)
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), fatal=exc.fatal))
             return None
+        except Exception as exc:  # noqa: BLE001 - a plug-in backend's bug fails its device, not the sweep
+            self.failed.add(device.device)
+            reason = f"unexpected {type(exc).__name__} from the backend: {exc}"
+            self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=reason))
+            return None
+        if not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock or backend
+            reason = f"impossible median {timing.median_s!r} s at n={size}"
+            self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=reason, point=key))
+            return None
         self.medians[(device.device, dtype, mode, size)] = timing.median_s
+        if role == "probe":
+            self.probes.add((device.device, dtype, mode, size))
         self.emit(Measurement(key=key, timing=timing, role=role))
         return timing.median_s
 
@@ -90,6 +106,14 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
     devices = select_devices(backend, plan.devices, emit)
     for device in devices:
         emit(device)
+    found_gpus = sum(1 for d in devices if d.kind == "gpu")
+    for index in range(found_gpus, plan.expect_gpus):
+        # A named series (expected-gpu-N) so that matmul_device_up says 0 and the device-down alert fires.
+        reason = (
+            f"expected {plan.expect_gpus} GPU(s), {backend.name} found {found_gpus}: "
+            "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
+        )
+        emit(DeviceFailure(backend=backend.name, device=f"expected-gpu-{index}", reason=reason))
     session = _Session(plan, backend, emit, clock)
     refine_deadline = None
     for dtype in plan.dtypes:
@@ -134,6 +158,7 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
                 and dt == dtype
                 and md == mode
                 and (gpu.device, dtype, mode, n) in session.medians
+                and (device, dt, md, n) not in session.probes
             )
             if not sizes:
                 continue

@@ -16,7 +16,7 @@ import tensorflow as tf
 from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.hostinfo import cpu_model
-from monitor.errors import MeasurementFailed
+from monitor.errors import DeviceUnavailable, MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
@@ -125,8 +125,9 @@ def _end_to_end_block(
         with _failures(where, what):
             for _ in range(calls):
                 with tf.device(where):
-                    # identity() under the device scope copies the host operand to the device.
-                    c = tf.matmul(tf.identity(a_host), tf.identity(b_host))
+                    # An eager constant is created on the device in scope: one copy from host memory
+                    # per operand (identity() would add an op dispatch, and on the CPU a second copy).
+                    c = tf.matmul(tf.constant(a_host), tf.constant(b_host))
                 result: npt.NDArray[np.generic] = c.numpy()  # the result back in host memory; blocks until it is there
         _check_placement(where, c)
         return result
@@ -140,6 +141,11 @@ def _failures(where: str, what: str) -> Iterator[None]:
         yield
     except tf.errors.ResourceExhaustedError as exc:
         raise MeasurementFailed(where, what, f"out of memory: {exc.message}") from None
+    except (tf.errors.InternalError, tf.errors.UnavailableError, tf.errors.AbortedError) as exc:
+        # e.g. a CUDA or ECC error, a lost GPU: the device is broken, not this point
+        raise DeviceUnavailable(where, exc.message) from None
+    except tf.errors.OpError as exc:  # e.g. no kernel for this dtype on this device
+        raise MeasurementFailed(where, what, exc.message) from None
 
 
 def _check_placement(where: str, tensor: tf.Tensor) -> None:

@@ -1,0 +1,47 @@
+"""The HTTP endpoints on a real socket, with probes and registry passed in."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from monitor.metrics import build_registry
+from monitor.model import ServiceState
+from monitor.server import MetricsServer
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _broken_state() -> ServiceState:
+    raise RuntimeError("boom")
+
+
+@pytest.fixture
+def broken_server() -> Iterator[str]:
+    registry = build_registry(_broken_state, backend="tensorflow", framework_version="")
+    server = MetricsServer("127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"))
+    server.start()
+    host, port = server.address
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def test_a_rendering_error_answers_500_and_the_server_keeps_serving(broken_server: str) -> None:
+    """A bug while rendering /metrics gives HTTP 500 (not a dropped connection); the probes still answer."""
+    status, body = _get(broken_server + "/metrics")
+    assert status == 500
+    assert "internal error" in body
+    assert _get(broken_server + "/healthz") == (200, "ok\n")
+    assert _get(broken_server + "/readyz") == (503, "not yet\n")
+    assert _get(broken_server + "/metrics")[0] == 500
