@@ -6,6 +6,7 @@ never silently run on the CPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -52,6 +53,11 @@ class TensorFlowBackend:
             "cpu_threads": str(tf.config.threading.get_intra_op_parallelism_threads()),
         }
 
+    @functools.cached_property
+    def _known(self) -> dict[str, str]:
+        """Discovered device names, looked up once per worker rather than once per point."""
+        return {d.device: d.device for d in self.discover()}
+
     def discover(self) -> Sequence[DeviceInfo]:
         devices = [
             DeviceInfo(
@@ -78,7 +84,7 @@ class TensorFlowBackend:
         return devices
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
-        where = lookup_device(self.name, device.device, {d.device: d.device for d in self.discover()})
+        where = lookup_device(self.name, device.device, self._known)
         tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
         what = describe(size, dtype, mode)
         with _failures(where, what):
@@ -91,7 +97,7 @@ class TensorFlowBackend:
             return _end_to_end_block(where, what, a_host, b_host)
 
     def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
-        where = lookup_device(self.name, device.device, {d.device: d.device for d in self.discover()})
+        where = lookup_device(self.name, device.device, self._known)
         tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
         what = describe(size, dtype, mode)
         a_host, b_host = (x.astype(tf_dtype.as_numpy_dtype) for x in host_operands(size))

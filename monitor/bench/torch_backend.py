@@ -6,6 +6,7 @@ and every block checks where its result lives, so a GPU timing can never silentl
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -91,9 +92,13 @@ class TorchBackend:
             product = _end_to_end_block(where, what, a_host, b_host)(1)
         return relative_error(*(x.double().numpy() for x in (product, a_host, b_host)))
 
+    @functools.cached_property
+    def _known(self) -> dict[str, torch.device]:
+        """Discovered devices, looked up once per worker rather than once per point."""
+        return {d.device: torch.device(d.device) for d in self.discover()}
+
     def _resolve(self, device: DeviceInfo) -> torch.device:
-        known = {d.device: torch.device(d.device) for d in self.discover()}
-        return lookup_device(self.name, device.device, known)
+        return lookup_device(self.name, device.device, self._known)
 
 
 def _compute_block(where: torch.device, what: str, a: torch.Tensor, b: torch.Tensor) -> Callable[[int], torch.Tensor]:
