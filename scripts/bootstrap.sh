@@ -7,7 +7,8 @@ as_root() {
 
 apt_install() {
   as_root apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "$@"
+  # env, not a prefix assignment: sudo would drop the variable
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
 bootstrap_venv() {
