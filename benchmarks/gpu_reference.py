@@ -215,17 +215,25 @@ def main() -> None:
         for backend in backends:
             print(f"{backend} tf32={tf32}", file=sys.stderr, flush=True)
             report["runs"][f"tf32={tf32}"][backend] = service_sweep(backend, tf32=tf32, skip_cpu=None)
+            _save_partial(args.out, report)
     spread: dict[str, Any] = {}
     for backend in backends:
         sweeps = [report["runs"]["tf32=False"][backend]]
         for index in range(args.repeats - 1):
             print(f"{backend} repeat {index + 2}", file=sys.stderr, flush=True)
             sweeps.append(service_sweep(backend, tf32=False, skip_cpu=args.skip_cpu))
+            report["repeats"] = {**report.get("repeats", {}), backend: sweeps}
+            _save_partial(args.out, report)
         spread[backend] = {mode: [s["crossovers"].get(mode, {}).get("size") for s in sweeps] for mode in MODES}
     report["spread"] = spread
     (args.out / "gpu_reference.json").write_text(json.dumps(report, indent=1, default=str))
     (args.out / "gpu_reference.md").write_text(render(report, backends))
     print(render(report, backends))
+
+
+def _save_partial(out: Path, report: dict[str, Any]) -> None:
+    """Everything measured so far, so that a run stopped at its time limit still leaves its data."""
+    (out / "gpu_reference.partial.json").write_text(json.dumps(report, indent=1, default=str))
 
 
 def _ratio_rows(
