@@ -54,6 +54,8 @@ class Service:
         self._sweep_idle = threading.Event()
         self._sweep_idle.set()
         self._sweep_started: float | None = None
+        # Devices whose failure was fatal (e.g. no such device): not retried until a restart.
+        self._given_up: dict[str, str] = {}
         schedule = settings.schedule
         self._scheduler = SweepScheduler(
             job=self._sweep,
@@ -104,10 +106,10 @@ class Service:
         try:
             bench = self._settings.benchmark
             log.info("sweep started", extra={"backend": bench.backend, "sizes": len(bench.sizes)})
-            outcome = run_sweep(
-                Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch
-            )
+            plan = dataclasses.replace(Plan.from_settings(bench), given_up=tuple(sorted(self._given_up)))
+            outcome = run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
             self._store.record(outcome)
+            self._give_up_on_fatal(outcome)
             fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
             if outcome.result is SweepResult.SUCCESS:
                 log.info("sweep finished", extra=fields)
@@ -122,6 +124,16 @@ class Service:
         finally:
             self._sweep_started = None
             self._sweep_idle.set()
+
+    def _give_up_on_fatal(self, outcome: SweepOutcome) -> None:
+        failures = outcome.snapshot.failures if outcome.snapshot is not None else ()
+        for failure in failures:
+            if failure.fatal and failure.point is None and failure.device not in self._given_up:
+                self._given_up[failure.device] = failure.reason
+                log.warning(
+                    "device will not be retried until restart",
+                    extra={"device": failure.device, "reason": failure.reason},
+                )
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})

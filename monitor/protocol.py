@@ -30,6 +30,7 @@ class Plan:
     refine: RefineSettings = dataclasses.field(default_factory=lambda: RefineSettings(enabled=False))
     skip_cpu_above_speedup: float | None = None
     expect_gpus: int = 0
+    given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
 
     @classmethod
     def from_settings(cls, bench: BenchmarkSettings) -> Plan:
@@ -61,6 +62,7 @@ class Plan:
             modes=tuple(data.pop("modes")),
             timing=TimingSettings(**data.pop("timing")),
             refine=RefineSettings(**data.pop("refine")),
+            given_up=tuple(data.pop("given_up")),
             **data,
         )
 

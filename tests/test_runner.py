@@ -132,6 +132,19 @@ def test_the_fixed_cost_probe_does_not_sway_the_crossover() -> None:
     assert crossover.state is CrossoverState.FOUND
 
 
+def test_given_up_devices_are_reported_but_never_touched() -> None:
+    """A device that failed fatally before is reported down again, and not one point is timed on it."""
+    plan = dataclasses.replace(make_plan("fake", sizes=(16,), modes=("compute",)), given_up=("/GPU:0",))
+    messages: list[Message] = []
+    run_plan(plan, CurveBackend(BackendOptions(tf32=False, cpu_threads=1)), messages.append, time.perf_counter)
+    measured = {m.key.device for m in messages if isinstance(m, Measurement)}
+    assert measured == {"/CPU:0"}
+    (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
+    assert failure.device == "/GPU:0"
+    assert failure.fatal
+    assert "not retried" in failure.reason
+
+
 def test_cost_model_of_known_times() -> None:
     """fixed = t(1); peak = 2n³ / (t(n) - fixed) at the largest n."""
 

@@ -195,6 +195,18 @@ def test_failed_gpu_is_down_and_its_series_are_gone(start: type[RunningService])
     assert find(samples, "matmul_duration_seconds", device="/CPU:0")
 
 
+def test_a_fatally_failed_device_is_not_retried(start: type[RunningService]) -> None:
+    """A configured device that does not exist fails fatally once; later sweeps report it without retrying."""
+    config = _fake_config("curve").replace("interval: 1h", "interval: 2s")
+    config = config.replace("  timeout: 30s", "  timeout: 30s\n  devices: ['/CPU:0', '/GPU:7']")
+    service = start(config)
+    samples = service.wait_for_sweeps("failed", count=2, timeout=60)
+    assert service.logs().count("device will not be retried until restart") == 1
+    assert "not retried after a fatal failure" in service.logs()
+    assert set(find(samples, "matmul_device_up", device="/GPU:7").values()) == {0.0}
+    assert set(find(samples, "matmul_device_up", device="/CPU:0").values()) == {1.0}
+
+
 def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: type[RunningService]) -> None:
     """SIGTERM during a sweep stops the service, kills the worker's group, and exits 0 in under 10 s."""
     service = start(_fake_config("slow", timeout="60s"))

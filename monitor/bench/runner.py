@@ -30,11 +30,22 @@ from monitor.protocol import Environment, Message, Plan
 Emit = Callable[[Message], None]
 
 
-def select_devices(backend: Backend, requested: Sequence[str] | None, emit: Emit) -> list[DeviceInfo]:
-    """The discovered devices the plan asks for; each requested one that is missing is a fatal failure."""
-    found = list(backend.discover())
+def select_devices(
+    backend: Backend, requested: Sequence[str] | None, emit: Emit, given_up: Sequence[str] = ()
+) -> list[DeviceInfo]:
+    """The discovered devices the plan asks for; each requested one that is missing is a fatal failure.
+
+    Devices in ``given_up`` failed fatally in an earlier sweep: they are reported again (so their
+    up gauge stays 0) but not touched.
+    """
+    skipped = {canonical_device(name) for name in given_up}
+    for name in given_up:
+        reason = "not retried after a fatal failure in an earlier sweep; restart the service once it is fixed"
+        emit(DeviceFailure(backend=backend.name, device=name, reason=reason, fatal=True))
+    found = [d for d in backend.discover() if canonical_device(d.device) not in skipped]
     if requested is None:
         return found
+    requested = [name for name in requested if canonical_device(name) not in skipped]
     by_name = {canonical_device(d.device): d for d in found}
     chosen = []
     for name in requested:
@@ -103,7 +114,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
     close together in time, and drift on the host affects both alike.
     """
     emit(Environment(dict(backend.environment())))
-    devices = select_devices(backend, plan.devices, emit)
+    devices = select_devices(backend, plan.devices, emit, plan.given_up)
     for device in devices:
         emit(device)
     found_gpus = sum(1 for d in devices if d.kind == "gpu")
