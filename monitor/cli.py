@@ -124,4 +124,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"crossover-monitor: {exc}", file=sys.stderr)
         return EXIT_START
     except KeyboardInterrupt:
-        return EXIT_OK
+        return EXIT_INTERRUPTED

@@ -311,7 +311,8 @@ def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
     d = TimingSettings()
     p = "benchmark.timing."
     timing = TimingSettings(
-        warmup_calls=r.get(section, "warmup_calls", p + "warmup_calls", d.warmup_calls, _integer(0)),
+        # At least one: it also waits out operand creation, which the GPU does asynchronously.
+        warmup_calls=r.get(section, "warmup_calls", p + "warmup_calls", d.warmup_calls, _integer(1)),
         block_s=r.get(section, "block_time", p + "block_time", d.block_s, _duration(positive=True)),
         min_blocks=r.get(section, "min_blocks", p + "min_blocks", d.min_blocks, _integer(3)),
         max_blocks=r.get(section, "max_blocks", p + "max_blocks", d.max_blocks, _integer(3)),

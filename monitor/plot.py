@@ -7,6 +7,7 @@ optional ``plot`` extra: it is imported only when a chart is drawn, so a missing
 from __future__ import annotations
 
 import datetime as dt
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -116,9 +117,9 @@ def from_json(path: Path) -> Chart:
         crossovers = tuple(Crossover(**{**c, "state": CrossoverState(c["state"])}) for c in snapshot["crossovers"])
         environment: Mapping[str, Any] = snapshot.get("environment", {})
         finished = dt.datetime.fromtimestamp(float(snapshot["finished_at"]), tz=dt.UTC)
-    except (KeyError, TypeError, ValueError) as exc:
+        versions = " ".join(str(environment[k]) for k in ("framework", "framework_version") if k in environment)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PlotError(f"{path} is not the JSON that `crossover-monitor once --json` writes: {exc!r}") from None
-    versions = " ".join(str(environment[k]) for k in ("framework", "framework_version") if k in environment)
     title = f"{path.name}: {versions + ', ' if versions else ''}sweep finished {finished:%Y-%m-%d %H:%M} UTC"
     return _checked(Chart(title=title, devices=devices, times=times, crossovers=crossovers), str(path))
 
@@ -137,11 +138,13 @@ def from_url(url: str) -> Chart:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise PlotError(f"cannot fetch {url}: {reason}") from None
+    except (http.client.HTTPException, ValueError) as exc:  # e.g. a bad port in the URL, a non-HTTP answer
+        raise PlotError(f"cannot fetch {url}: {type(exc).__name__}: {exc}") from None
     try:
-        samples = parse_exposition(text)
-    except ValueError as exc:
-        raise PlotError(f"{url} did not answer with Prometheus metrics: {exc}") from None
-    return _checked(chart_from_samples(samples, title=url), url)
+        chart = chart_from_samples(parse_exposition(text), title=url)
+    except (KeyError, ValueError) as exc:
+        raise PlotError(f"{url} did not answer with Prometheus metrics of crossover-monitor: {exc!r}") from None
+    return _checked(chart, url)
 
 
 def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, title: str) -> Chart:

@@ -59,6 +59,7 @@ BAD_CONFIGS = [
     ("benchmark: {timing: {min_blocks: 10, max_blocks: 5}}", "benchmark.timing.max_blocks", "at least min_blocks"),
     ("benchmark: {timing: {block_time: fast}}", "benchmark.timing.block_time", "duration"),
     ("benchmark: {timing: {repeats: 3}}", "benchmark.timing.repeats", "unknown key"),
+    ("benchmark: {timing: {warmup_calls: 0}}", "benchmark.timing.warmup_calls", "at least 1"),
     ("benchmark: {refine: {tolerance: 0}}", "benchmark.refine.tolerance", "between 0 and 1"),
     ("benchmark: {refine: {budget: forever}}", "benchmark.refine.budget", "duration"),
     ("benchmark: {refine: {enabled: 1}}", "benchmark.refine.enabled", "true or false"),

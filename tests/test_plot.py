@@ -141,6 +141,9 @@ def test_file_that_is_not_once_json_is_refused(tmp_path: Path) -> None:
     path.write_text("not json")
     with pytest.raises(PlotError, match="is not the JSON"):
         from_json(path)
+    path.write_text('{"snapshot": {"devices": [], "measurements": ["x"], "crossovers": [], "finished_at": 0}}')
+    with pytest.raises(PlotError, match="is not the JSON"):
+        from_json(path)
 
 
 def test_service_without_a_completed_sweep_has_nothing_to_draw(serve) -> None:
@@ -156,6 +159,8 @@ def test_unreachable_and_non_http_urls_are_reported() -> None:
         from_url(url)
     with pytest.raises(PlotError, match="needs an http"):
         from_url("file:///etc/hostname")
+    with pytest.raises(PlotError, match="cannot fetch http://localhost:abc/metrics"):
+        from_url("http://localhost:abc/metrics")
 
 
 def test_a_page_that_is_not_metrics_is_reported(serve) -> None:

@@ -21,11 +21,13 @@ import numpy.typing as npt
 from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.hostinfo import cpu_model
-from monitor.errors import MeasurementFailed
+from monitor.errors import DeviceUnavailable, MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
 _DTYPES = {name: np.dtype(getattr(jnp, name)) for name in ("float16", "bfloat16", "float32", "float64")}
 _HostArray = npt.NDArray[Any]
+# XLA status codes that mean the device, not the point, is broken.
+_DEVICE_LOST = ("INTERNAL", "UNAVAILABLE", "ABORTED")
 
 
 class JaxBackend:
@@ -174,8 +176,13 @@ def _failures(where: jax.Device, what: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as exc:  # jax.errors.JaxRuntimeError, which older jax does not name
-        reason = f"out of memory: {exc}" if "RESOURCE_EXHAUSTED" in str(exc) else str(exc)
-        raise MeasurementFailed(_name(where), what, reason) from None
+        message = str(exc)
+        if "RESOURCE_EXHAUSTED" in message:
+            raise MeasurementFailed(_name(where), what, f"out of memory: {message}") from None
+        if message.startswith(_DEVICE_LOST) or "CUDA_ERROR" in message or "CUDA error" in message:
+            # e.g. an ECC error or a lost GPU: the device is broken, not this point
+            raise DeviceUnavailable(_name(where), message) from None
+        raise MeasurementFailed(_name(where), what, message) from None
 
 
 def _check_placement(where: jax.Device, array: jax.Array) -> None:
