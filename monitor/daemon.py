@@ -161,9 +161,6 @@ class Service:
                 signal.signal(sig, handler)
         return 0
 
-    def request_stop(self) -> None:
-        self._stopping.set()
-
     def stop(self) -> None:
         """Stop serving and kill any sweep in flight; returns within a few seconds."""
         systemd.notify("STOPPING=1")

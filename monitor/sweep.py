@@ -63,8 +63,8 @@ Launcher = Callable[[Plan], Worker]
 class SubprocessWorker:
     """``python -m monitor.bench.worker`` in a new session (process group), plan on stdin."""
 
-    def __init__(self, plan: Plan, env: dict[str, str] | None = None) -> None:
-        worker_env = dict(os.environ if env is None else env)
+    def __init__(self, plan: Plan) -> None:
+        worker_env = dict(os.environ)
         worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter off unless asked
         self._process = subprocess.Popen(
             [sys.executable, "-m", "monitor.bench.worker"],

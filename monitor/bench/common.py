@@ -8,10 +8,16 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from monitor.bench.hostinfo import cpu_model
 from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from monitor.model import Mode
+from monitor.model import DeviceInfo, Mode
 
 T = TypeVar("T")
+
+
+def cpu_device(backend: str, name: str, threads: int) -> DeviceInfo:
+    """The host CPU as every backend reports it: its model name and the threads the framework uses."""
+    return DeviceInfo(backend=backend, device=name, kind="cpu", name=cpu_model(), details=(("threads", str(threads)),))
 
 
 def describe(size: int, dtype: str, mode: Mode) -> str:

@@ -18,9 +18,16 @@ import jax.numpy as jnp
 import numpy as np
 import numpy.typing as npt
 
-from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
+from monitor.bench.common import (
+    check_placement,
+    cpu_device,
+    describe,
+    host_operands,
+    lookup_device,
+    lookup_dtype,
+    relative_error,
+)
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.hostinfo import cpu_model
 from monitor.errors import DeviceUnavailable, MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
@@ -56,15 +63,7 @@ class JaxBackend:
         devices = []
         for name, device in _devices().items():
             if device.platform == "cpu":
-                devices.append(
-                    DeviceInfo(
-                        backend=self.name,
-                        device=name,
-                        kind="cpu",
-                        name=cpu_model(),
-                        details=(("threads", str(self._cpu_threads)),),
-                    )
-                )
+                devices.append(cpu_device(self.name, name, self._cpu_threads))
             else:
                 capability = getattr(device, "compute_capability", None)
                 extra = (("compute_capability", str(capability)),) if capability else ()

@@ -14,9 +14,16 @@ import numpy as np
 import numpy.typing as npt
 import tensorflow as tf
 
-from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
+from monitor.bench.common import (
+    check_placement,
+    cpu_device,
+    describe,
+    host_operands,
+    lookup_device,
+    lookup_dtype,
+    relative_error,
+)
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.hostinfo import cpu_model
 from monitor.errors import DeviceUnavailable, MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
@@ -59,15 +66,7 @@ class TensorFlowBackend:
         return {d.device: d.device for d in self.discover()}
 
     def discover(self) -> Sequence[DeviceInfo]:
-        devices = [
-            DeviceInfo(
-                backend=self.name,
-                device="/CPU:0",
-                kind="cpu",
-                name=cpu_model(),
-                details=(("threads", str(self._options.cpu_threads)),),
-            )
-        ]
+        devices = [cpu_device(self.name, "/CPU:0", self._options.cpu_threads)]
         for index, gpu in enumerate(tf.config.list_physical_devices("GPU")):
             details = tf.config.experimental.get_device_details(gpu)
             capability = details.get("compute_capability")

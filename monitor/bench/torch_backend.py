@@ -12,9 +12,16 @@ from contextlib import contextmanager
 
 import torch
 
-from monitor.bench.common import check_placement, describe, host_operands, lookup_device, lookup_dtype, relative_error
+from monitor.bench.common import (
+    check_placement,
+    cpu_device,
+    describe,
+    host_operands,
+    lookup_device,
+    lookup_dtype,
+    relative_error,
+)
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.hostinfo import cpu_model
 from monitor.errors import DeviceUnavailable, MeasurementFailed
 from monitor.model import DeviceInfo, Mode
 
@@ -43,15 +50,7 @@ class TorchBackend:
         }
 
     def discover(self) -> Sequence[DeviceInfo]:
-        devices = [
-            DeviceInfo(
-                backend=self.name,
-                device="cpu",
-                kind="cpu",
-                name=cpu_model(),
-                details=(("threads", str(torch.get_num_threads())),),
-            )
-        ]
+        devices = [cpu_device(self.name, "cpu", torch.get_num_threads())]
         for index in range(torch.cuda.device_count()):
             gpu = torch.cuda.get_device_properties(index)
             devices.append(
