@@ -1,20 +1,22 @@
-"""Checks the service's sweep on a real GPU against CUDA-event and plain-loop references, in one run.
+"""Checks the service's sweep on a real GPU against independent references, in one run.
 
 Run on a GPU machine with PyTorch (and JAX for --backends jax):
-    python benchmarks/gpu_reference.py --out DIR [--backends torch,jax] [--repeats 5]
+    python benchmarks/gpu_reference.py --out DIR [--backends torch,jax] [--repeats 5] [--budget-s 540]
 
 For float32 with TF32 off and on, sizes 1..8192, it
   1. runs the service's own sweep (worker process, the chosen backends, both modes);
-  2. times every point independently: CUDA events around back-to-back torch.mm calls on the
-     GPU (compute), CUDA events around copy-in + mm + copy-out (end_to_end), and a plain
-     perf_counter loop on the CPU — this script never imports monitor.bench;
+  2. times every point independently (references.py, which never imports monitor.bench): CUDA
+     events for torch, the GPU's kernel timestamps from JAX's profiler for jax, a plain
+     perf_counter loop on the CPU for both; torch's CUDA events are also set beside the JAX
+     sweep, as the same GEMM timed by another framework;
   3. reports service / reference per size and device, the crossover from the service against
      the one computed from the reference curves, and what the naive method (create operands,
      one matmul, stop the clock) would conclude;
   4. repeats the service sweep and reports the spread (max/min) of the crossover.
 Targets (issue 4): ratio within 3% for n >= 1024 on the GPU and n >= 256 on the CPU; the service's
 crossover inside the reference's bracket; spread over five sweeps at most 1.2.
-Writes DIR/gpu_reference.json and DIR/gpu_reference.md.
+Writes DIR/gpu_reference.json and DIR/gpu_reference.md after every step, so a run stopped by
+its time limit keeps what it measured; --budget-s skips the sweeps that would not fit.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from references import Curves, empty_curves, jax_reference, tighter_bound, torch_reference  # noqa: E402
+
 from monitor.config import BenchmarkSettings, RefineSettings  # noqa: E402
 from monitor.crossover import find_crossover  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
@@ -46,26 +49,27 @@ SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 MODES = ("compute", "end_to_end")
 GPU_TARGET_FROM, CPU_TARGET_FROM, TOLERANCE = 1024, 256, 0.03
 
-Curves = dict[str, dict[str, dict[int, float]]]  # device kind -> mode -> size -> seconds
 
-
-def service_sweep(backend: str, *, tf32: bool, skip_cpu: float | None) -> dict[str, Any]:
+def service_sweep(
+    backend: str, *, tf32: bool, skip_cpu: float | None, threads: int | None, timeout_s: float
+) -> dict[str, Any]:
     """One sweep by the service itself; medians by device kind, and its crossovers."""
     bench = BenchmarkSettings(
         backend=backend,
         sizes=SIZES,
         modes=MODES,
         tf32=tf32,
-        timeout_s=1200,
+        timeout_s=timeout_s,
+        cpu_threads=threads,
         refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=60),
         skip_cpu_above_speedup=skip_cpu,
     )
     started = time.monotonic()
     outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=threading.Event())
     if outcome.snapshot is None:
-        raise SystemExit(f"{backend} sweep failed: {outcome.reason}")
+        return {"failed": outcome.reason, "seconds": time.monotonic() - started}
     kinds = {d.device: d.kind for d in outcome.snapshot.devices}
-    curves: Curves = {"cpu": {m: {} for m in MODES}, "gpu": {m: {} for m in MODES}}
+    curves = empty_curves()
     for m in outcome.snapshot.measurements:
         if (
             m.role == "sweep"
@@ -104,66 +108,6 @@ def _first(kinds: dict[str, str], kind: str) -> str | None:
     return next((d for d, k in kinds.items() if k == kind), None)
 
 
-def reference(*, tf32: bool, cpu: bool) -> Curves:
-    """Independent timings with torch: CUDA events on the GPU, a perf_counter loop on the CPU."""
-    import torch  # noqa: PLC0415
-
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    gpu = torch.device("cuda:0")
-    curves: Curves = {"cpu": {m: {} for m in MODES}, "gpu": {m: {} for m in MODES}}
-    for n in SIZES:
-        a_host, b_host = torch.rand(n, n), torch.rand(n, n)
-        a, b = a_host.to(gpu), b_host.to(gpu)
-        flops = 2 * n**3
-        # compute: per-call time of back-to-back matmul calls between two events, median over
-        # blocks of at least 25 ms (a sustained load, as the service's blocks are: the GPU's clocks
-        # in a short burst differ from those under load)
-        torch.matmul(a, b)
-        torch.cuda.synchronize()
-        probe = time.perf_counter()
-        torch.matmul(a, b)
-        torch.cuda.synchronize()
-        calls = max(1, min(5000, math.ceil(25e-3 / (time.perf_counter() - probe))))
-        blocks = []
-        for block in range(13):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(calls):
-                torch.matmul(a, b)
-            end.record()
-            end.synchronize()
-            if block >= 3:  # warm-up blocks
-                blocks.append(start.elapsed_time(end) / 1e3 / calls)
-        curves["gpu"]["compute"][n] = statistics.median(blocks)
-        # end_to_end: events around copy in, mm, copy out (the copy out blocks the host)
-        times = []
-        for call in range(23):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            torch.matmul(a_host.to(gpu), b_host.to(gpu)).cpu()
-            end.record()
-            end.synchronize()
-            if call >= 3:
-                times.append(start.elapsed_time(end) / 1e3)
-        curves["gpu"]["end_to_end"][n] = statistics.median(times)
-        if cpu:
-            repeats = max(5, min(500, int(1.0 / max(flops / 5e11, 1e-5))))
-            times = []
-            for call in range(repeats + 2):
-                t0 = time.perf_counter()
-                torch.matmul(a_host, b_host)
-                if call >= 2:
-                    times.append(time.perf_counter() - t0)
-            # On the CPU the operands already live in host memory: end_to_end copies nothing.
-            curves["cpu"]["compute"][n] = curves["cpu"]["end_to_end"][n] = statistics.median(times)
-    return curves
-
-
 NAIVE = r"""
 import json, sys, time, torch
 out = {"cpu": {}, "gpu": {}}
@@ -192,14 +136,43 @@ def crossover_of(cpu: dict[int, float], gpu: dict[int, float]) -> dict[str, Any]
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--render", type=Path, help="print the report of a recorded gpu_reference.json and exit")
     parser.add_argument("--backends", default="torch")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--tf32", default="off,on", help="which TF32 settings to compare: off, on, or both")
+    parser.add_argument("--repeats", type=int, default=5, help="sweeps (TF32 off) for the crossover's spread")
     parser.add_argument("--skip-cpu", type=float, default=None, help="skip_cpu_above_speedup for the repeats")
+    parser.add_argument("--cpu-threads", type=int, default=None, help="cpu_threads for the service and the references")
+    parser.add_argument("--budget-s", type=float, default=None, help="start no sweep that would not end by then")
     args = parser.parse_args()
+    if args.render:
+        report = load(args.render)
+        print(render(report, list(report["arguments"]["backends"].split(","))), end="")
+        return
+    if args.out is None:
+        parser.error("--out is required to measure")
+    measure(args)
+
+
+def measure(args: argparse.Namespace) -> None:
+    # Before JAX starts in this process: it would take 75% of the GPU's memory from the worker.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     args.out.mkdir(parents=True, exist_ok=True)
     backends = args.backends.split(",")
-    report: dict[str, Any] = {"date": dt.datetime.now(dt.UTC).isoformat(), "machine": platform.node(), "runs": {}}
+    tf32_settings = [{"off": False, "on": True}[word] for word in args.tf32.split(",") if word]
+    threads = args.cpu_threads or len(os.sched_getaffinity(0))
+    started = time.monotonic()
+    report: dict[str, Any] = {
+        "date": dt.datetime.now(dt.UTC).isoformat(),
+        "machine": platform.node(),
+        "arguments": vars(args) | {"out": str(args.out)},
+        "cpu_threads": threads,
+        "sizes": list(SIZES),
+        "references": {},
+        "runs": {},
+        "repeats": {},
+        "skipped": [],
+    }
     report["nvidia_smi"] = subprocess.run(
         ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
         capture_output=True,
@@ -207,80 +180,136 @@ def main() -> None:
         check=False,
     ).stdout.strip()
     report["naive"] = naive()
-    for tf32 in (False, True):
-        ref = reference(tf32=tf32, cpu=not tf32)  # TF32 does not change the CPU
-        if not tf32:
-            report["cpu_reference"] = ref["cpu"]
-        report["runs"][f"tf32={tf32}"] = {"reference_gpu": ref["gpu"]}
+    _save(args.out, report, backends)
+
+    def left() -> float:
+        return math.inf if args.budget_s is None else args.budget_s - (time.monotonic() - started)
+
+    def sweep(backend: str, label: str, *, tf32: bool, skip_cpu: float | None) -> dict[str, Any] | None:
+        took = [s["seconds"] for s in _sweeps(report, backend)]
+        if took and max(took) * 1.1 > left():
+            report["skipped"].append(f"{backend} {label}: {left():.0f} s left, a sweep took up to {max(took):.0f} s")
+            return None
+        print(f"{backend} {label}", file=sys.stderr, flush=True)
+        return service_sweep(
+            backend, tf32=tf32, skip_cpu=skip_cpu, threads=args.cpu_threads, timeout_s=min(1200, max(30, left() - 20))
+        )
+
+    for index, tf32 in enumerate(tf32_settings):
+        run = report["runs"][f"tf32={tf32}"] = {}
+        # torch's CUDA events always: for the JAX sweep they are the same GEMM timed by another framework.
+        for framework in ["torch", *(["jax"] if "jax" in backends else [])]:
+            print(f"{framework} reference tf32={tf32}", file=sys.stderr, flush=True)
+            if framework == "torch":
+                curves, notes = torch_reference(SIZES, tf32=tf32, cpu=index == 0, threads=threads)
+            else:
+                curves, notes = jax_reference(SIZES, tf32=tf32, cpu=index == 0)
+            references = report["references"].setdefault(framework, {})
+            references[f"tf32={tf32}"] = {"gpu": curves["gpu"], "notes": notes}
+            if index == 0:  # TF32 does not change the CPU
+                references["cpu"] = curves["cpu"]
+            _save(args.out, report, backends)
         for backend in backends:
-            print(f"{backend} tf32={tf32}", file=sys.stderr, flush=True)
-            report["runs"][f"tf32={tf32}"][backend] = service_sweep(backend, tf32=tf32, skip_cpu=None)
-            _save_partial(args.out, report)
-    spread: dict[str, Any] = {}
+            result = sweep(backend, f"tf32={tf32}", tf32=tf32, skip_cpu=None)
+            if result is not None:
+                run[backend] = result
+            _save(args.out, report, backends)
     for backend in backends:
-        sweeps = [report["runs"]["tf32=False"][backend]]
-        for index in range(args.repeats - 1):
-            print(f"{backend} repeat {index + 2}", file=sys.stderr, flush=True)
-            sweeps.append(service_sweep(backend, tf32=False, skip_cpu=args.skip_cpu))
-            report["repeats"] = {**report.get("repeats", {}), backend: sweeps}
-            _save_partial(args.out, report)
-        spread[backend] = {mode: [s["crossovers"].get(mode, {}).get("size") for s in sweeps] for mode in MODES}
-    report["spread"] = spread
-    (args.out / "gpu_reference.json").write_text(json.dumps(report, indent=1, default=str))
-    (args.out / "gpu_reference.md").write_text(render(report, backends))
+        for index in range(args.repeats - (1 if False in tf32_settings else 0)):
+            result = sweep(backend, f"repeat {index + 1}", tf32=False, skip_cpu=args.skip_cpu)
+            if result is None:
+                break
+            report["repeats"].setdefault(backend, []).append(result)
+            _save(args.out, report, backends)
     print(render(report, backends))
 
 
-def _save_partial(out: Path, report: dict[str, Any]) -> None:
+def load(path: Path) -> dict[str, Any]:
+    """A recorded report, with its sizes as numbers again and older JAX references brought up to date."""
+
+    def sizes_as_numbers(mapping: dict[str, Any]) -> dict[Any, Any]:
+        return {int(key) if key.isdigit() else key: value for key, value in mapping.items()}
+
+    report: dict[str, Any] = json.loads(path.read_text(), object_hook=sizes_as_numbers)
+    for key, reference in report["references"].get("jax", {}).items():
+        notes = reference.get("notes") if key.startswith("tf32=") else None
+        if notes is not None and "profiled" not in notes:  # recorded before tighter_bound existed
+            compute = reference["gpu"]["compute"]
+            notes["profiled"] = {n: compute[n] for n, how in notes["gpu_compute"].items() if how.startswith("profiler")}
+            compute.update(tighter_bound(notes["profiled"], notes["host_loop"])[0])
+            notes["gpu_compute"] = tighter_bound(notes["profiled"], notes["host_loop"])[1]
+    return report
+
+
+def _sweeps(report: dict[str, Any], backend: str) -> list[dict[str, Any]]:
+    """The backend's TF32-off sweeps: the first of the comparison, then the repeats."""
+    first = report["runs"].get("tf32=False", {}).get(backend)
+    return [s for s in [first, *report["repeats"].get(backend, [])] if s is not None]
+
+
+def _save(out: Path, report: dict[str, Any], backends: list[str]) -> None:
     """Everything measured so far, so that a run stopped at its time limit still leaves its data."""
-    (out / "gpu_reference.partial.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_reference.json").write_text(json.dumps(report, indent=1, default=str))
+    (out / "gpu_reference.md").write_text(render(report, backends))
 
 
 def _ratio_rows(
-    service: Curves, ref_gpu: dict[str, dict[int, float]], ref_cpu: dict[str, dict[int, float]]
+    sizes: list[int],
+    service: Curves,
+    reference: dict[str, Any],
+    cpu_reference: Curves | None,
+    torch_events: Curves | None,
 ) -> list[str]:
     rows = []
-    for kind, ref, target_from in (("gpu", ref_gpu, GPU_TARGET_FROM), ("cpu", ref_cpu, CPU_TARGET_FROM)):
+    for kind, target_from in (("gpu", GPU_TARGET_FROM), ("cpu", CPU_TARGET_FROM)):
         for mode in MODES:
-            for n in SIZES:
+            for n in sizes:
                 svc = service[kind][mode].get(n)
-                reference_time = ref.get(mode, {}).get(n) if ref else None
-                if svc is None or reference_time is None:
+                ref_curves = reference.get("gpu") if kind == "gpu" else cpu_reference
+                ref = (ref_curves or {}).get(mode, {}).get(n)
+                if svc is None or ref is None:
                     continue
-                ratio = svc / reference_time
+                ratio = svc / ref
                 verdict = ("yes" if abs(ratio - 1) <= TOLERANCE else "NO") if n >= target_from else "-"
+                other = (torch_events or {}).get(mode, {}).get(n) if kind == "gpu" else None
+                versus = f"{svc / other:.3f}" if other else "-"
                 rows.append(
-                    f"| {kind} | {mode} | {n} | {svc * 1e6:.2f} | {reference_time * 1e6:.2f} | {ratio:.3f} | {verdict} |"
+                    f"| {kind} | {mode} | {n} | {svc * 1e6:.2f} | {ref * 1e6:.2f} | {ratio:.3f} | {verdict} | {versus} |"
                 )
     return rows
 
 
 def render(report: dict[str, Any], backends: list[str]) -> str:
+    sizes = report.get("sizes", list(SIZES))
     lines = [
         "# Service vs reference on a real GPU",
         "",
         f"- date: {report['date']}",
-        f"- GPU: {report['nvidia_smi']}",
-        "- sizes: " + ", ".join(map(str, SIZES)) + "; float32; times in µs",
+        f"- GPU: {report.get('nvidia_smi')}",
+        f"- arguments: {report['arguments']}; CPU threads {report['cpu_threads']}",
+        "- sizes: " + ", ".join(map(str, sizes)) + "; float32; times in µs",
         f"- targets: service/reference within {TOLERANCE:.0%} for n >= {GPU_TARGET_FROM} (GPU) and n >= {CPU_TARGET_FROM} (CPU)",
         "",
     ]
-    cpu_ref = report.get("cpu_reference", {})
     for run, by_backend in report["runs"].items():
         for backend in backends:
-            sweep = by_backend[backend]
+            sweep = by_backend.get(backend)
+            references = report["references"].get(backend, {})
+            reference = references.get(run, {})
+            lines += [f"## {backend}, {run}", ""]
+            if sweep is None or "failed" in sweep:
+                lines += [f"- not run or failed: {sweep}", ""]
+                continue
+            torch_events = report["references"]["torch"][run]["gpu"] if backend != "torch" else None
             lines += [
-                f"## {backend}, {run}",
-                "",
                 f"- environment: {sweep['environment']}",
                 f"- sweep took {sweep['seconds']:.0f} s; result {sweep['result']} {sweep['reason']}; noisy points: {sweep['noisy_points']}",
+                f"- reference: {_methods(reference.get('notes', {}))}",
                 "",
+                "| device | mode | n | service | reference | ratio | within target | service / torch CUDA events |",
+                "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
             ]
-            lines += [
-                "| device | mode | n | service | reference | ratio | within target |",
-                "| --- | --- | ---: | ---: | ---: | ---: | --- |",
-            ]
-            lines += _ratio_rows(sweep["curves"], by_backend["reference_gpu"], cpu_ref)
+            lines += _ratio_rows(sizes, sweep["curves"], reference, references.get("cpu"), torch_events)
             lines += [
                 "",
                 "| mode | service n* | service bracket | 95% CI | reference n* | reference bracket | service n* in reference bracket |",
@@ -288,7 +317,9 @@ def render(report: dict[str, Any], backends: list[str]) -> str:
             ]
             for mode in MODES:
                 svc = sweep["crossovers"].get(mode, {})
-                ref = crossover_of(cpu_ref.get(mode, {}), by_backend["reference_gpu"][mode]) if cpu_ref else {}
+                cpu_curve = references.get("cpu", {}).get(mode, {})
+                gpu_curve = reference.get("gpu", {}).get(mode, {})
+                ref = crossover_of(cpu_curve, gpu_curve) if cpu_curve and gpu_curve else {}
                 inside = "-"
                 if svc.get("size") and ref.get("lower") and ref.get("upper"):
                     inside = "yes" if ref["lower"] <= svc["size"] <= ref["upper"] else "NO"
@@ -308,19 +339,39 @@ def render(report: dict[str, Any], backends: list[str]) -> str:
             ]
     naive_cross = crossover_of(report["naive"]["cpu"], report["naive"]["gpu"])
     lines += [
-        "## The naive method (create operands, one matmul, stop the clock)",
+        "## The naive method (torch: create operands, one matmul, stop the clock)",
         "",
         "| n | CPU | GPU |",
         "| ---: | ---: | ---: |",
     ]
-    lines += [f"| {n} | {report['naive']['cpu'][n] * 1e6:.1f} | {report['naive']['gpu'][n] * 1e6:.1f} |" for n in SIZES]
+    lines += [f"| {n} | {report['naive']['cpu'][n] * 1e6:.1f} | {report['naive']['gpu'][n] * 1e6:.1f} |" for n in sizes]
     lines += ["", f"naive conclusion: {naive_cross}", "", "## Crossover spread over repeated sweeps (TF32 off)", ""]
-    for backend, modes in report["spread"].items():
-        for mode, sizes in modes.items():
-            found = [s for s in sizes if s]
-            ratio = max(found) / min(found) if len(found) == len(sizes) and found else None
-            lines.append(f"- {backend} {mode}: " + ", ".join(_num(s) for s in sizes) + f" → max/min {_num(ratio, 3)}")
+    for backend in backends:
+        sweeps = [s for s in _sweeps(report, backend) if "failed" not in s]
+        for mode in MODES:
+            sizes = [s["crossovers"].get(mode, {}).get("size") for s in sweeps]
+            found = [size for size in sizes if size]
+            ratio = max(found) / min(found) if found and len(found) == len(sizes) else None
+            lines.append(
+                f"- {backend} {mode}: " + ", ".join(_num(size) for size in sizes) + f" → max/min {_num(ratio, 3)}"
+                f" over {len(sizes)} sweeps"
+            )
+    lines += [f"- skipped: {skip}" for skip in report["skipped"]]
     return "\n".join(lines) + "\n"
+
+
+def _methods(notes: dict[str, Any]) -> str:
+    """How the reference timed each part; for JAX also the profiler's outcome and the kernels it saw."""
+    compute = notes.get("gpu_compute")
+    if isinstance(compute, dict):
+        compute = ", ".join(sorted(set(compute.values())))
+    text = f"GPU compute: {compute}; GPU end_to_end: {notes.get('gpu_end_to_end')}; CPU: {notes.get('cpu')}"
+    if notes.get("profiler_error"):
+        text += f"; profiler failed ({notes['profiler_error']})"
+    kernels = notes.get("kernels") or {}
+    if kernels:
+        text += "; kernels at the largest size: " + ", ".join(kernels[max(kernels)])
+    return text
 
 
 def _num(value: float | None, digits: int = 0) -> str:
