@@ -16,7 +16,8 @@ For float32 with TF32 off and on, sizes 1..8192, it
 Targets (issue 4): ratio within 3% for n >= 1024 on the GPU and n >= 256 on the CPU; the service's
 crossover inside the reference's bracket; spread over five sweeps at most 1.2.
 Writes DIR/gpu_reference.json and DIR/gpu_reference.md after every step, so a run stopped by
-its time limit keeps what it measured; --budget-s skips the sweeps that would not fit.
+its time limit keeps what it measured; --budget-s skips the steps that would not fit. gpu_report.py
+prints the report of a recorded JSON again.
 """
 
 from __future__ import annotations
@@ -38,16 +39,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from references import Curves, empty_curves, jax_reference, tighter_bound, torch_reference  # noqa: E402
+from gpu_report import render, sweeps_of  # noqa: E402
+from references import MODES, empty_curves, jax_reference, torch_reference  # noqa: E402
 
 from monitor.config import BenchmarkSettings, RefineSettings  # noqa: E402
-from monitor.crossover import find_crossover  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-MODES = ("compute", "end_to_end")
-GPU_TARGET_FROM, CPU_TARGET_FROM, TOLERANCE = 1024, 256, 0.03
+SAVE_MARGIN_S = 20  # left at the end of --budget-s to write the report
 
 
 def service_sweep(
@@ -128,30 +128,21 @@ def naive() -> dict[str, dict[int, float]]:
     return {kind: {int(n): t for n, t in times.items()} for kind, times in json.loads(result.stdout).items()}
 
 
-def crossover_of(cpu: dict[int, float], gpu: dict[int, float]) -> dict[str, Any]:
-    common = sorted(set(cpu) & set(gpu))
-    state, size, lower, upper = find_crossover([(n, cpu[n], gpu[n]) for n in common])
-    return {"state": state.value, "size": size, "lower": lower, "upper": upper}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--render", type=Path, help="print the report of a recorded gpu_reference.json and exit")
+    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--backends", default="torch")
     parser.add_argument("--tf32", default="off,on", help="which TF32 settings to compare: off, on, or both")
     parser.add_argument("--repeats", type=int, default=5, help="sweeps (TF32 off) for the crossover's spread")
     parser.add_argument("--skip-cpu", type=float, default=None, help="skip_cpu_above_speedup for the repeats")
-    parser.add_argument("--cpu-threads", type=int, default=None, help="cpu_threads for the service and the references")
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="cpu_threads for the service and the torch reference (JAX's CPU reference uses every CPU this process may)",
+    )
     parser.add_argument("--budget-s", type=float, default=None, help="start no sweep that would not end by then")
-    args = parser.parse_args()
-    if args.render:
-        report = load(args.render)
-        print(render(report, list(report["arguments"]["backends"].split(","))), end="")
-        return
-    if args.out is None:
-        parser.error("--out is required to measure")
-    measure(args)
+    measure(parser.parse_args())
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -185,20 +176,29 @@ def measure(args: argparse.Namespace) -> None:
     def left() -> float:
         return math.inf if args.budget_s is None else args.budget_s - (time.monotonic() - started)
 
+    def fits(step: str, needs_s: float) -> bool:
+        """Whether a step that took up to ``needs_s`` before can still end within the budget; if not, say so."""
+        if needs_s * 1.1 + SAVE_MARGIN_S < left():
+            return True
+        needs = f"it took {needs_s:.0f} s before" if needs_s else f"{SAVE_MARGIN_S} s are kept to write the report"
+        report["skipped"].append(f"{step}: {left():.0f} s left, {needs}")
+        _save(args.out, report, backends)
+        return False
+
     def sweep(backend: str, label: str, *, tf32: bool, skip_cpu: float | None) -> dict[str, Any] | None:
-        took = [s["seconds"] for s in _sweeps(report, backend)]
-        if took and max(took) * 1.1 > left():
-            report["skipped"].append(f"{backend} {label}: {left():.0f} s left, a sweep took up to {max(took):.0f} s")
+        if not fits(f"{backend} {label}", max([s["seconds"] for s in sweeps_of(report, backend)], default=0)):
             return None
         print(f"{backend} {label}", file=sys.stderr, flush=True)
-        return service_sweep(
-            backend, tf32=tf32, skip_cpu=skip_cpu, threads=args.cpu_threads, timeout_s=min(1200, max(30, left() - 20))
-        )
+        # Past its deadline the sweep is killed and recorded as failed, so the report is still written.
+        timeout_s = min(1200, left() - SAVE_MARGIN_S)
+        return service_sweep(backend, tf32=tf32, skip_cpu=skip_cpu, threads=args.cpu_threads, timeout_s=timeout_s)
 
     for index, tf32 in enumerate(tf32_settings):
         run = report["runs"][f"tf32={tf32}"] = {}
         # torch's CUDA events always: for the JAX sweep they are the same GEMM timed by another framework.
         for framework in ["torch", *(["jax"] if "jax" in backends else [])]:
+            if not fits(f"{framework} reference tf32={tf32}", 0):
+                continue
             print(f"{framework} reference tf32={tf32}", file=sys.stderr, flush=True)
             if framework == "torch":
                 curves, notes = torch_reference(SIZES, tf32=tf32, cpu=index == 0, threads=threads)
@@ -224,158 +224,10 @@ def measure(args: argparse.Namespace) -> None:
     print(render(report, backends))
 
 
-def load(path: Path) -> dict[str, Any]:
-    """A recorded report, with its sizes as numbers again and older JAX references brought up to date."""
-
-    def sizes_as_numbers(mapping: dict[str, Any]) -> dict[Any, Any]:
-        return {int(key) if key.isdigit() else key: value for key, value in mapping.items()}
-
-    report: dict[str, Any] = json.loads(path.read_text(), object_hook=sizes_as_numbers)
-    for key, reference in report["references"].get("jax", {}).items():
-        notes = reference.get("notes") if key.startswith("tf32=") else None
-        if notes is not None and "profiled" not in notes:  # recorded before tighter_bound existed
-            compute = reference["gpu"]["compute"]
-            notes["profiled"] = {n: compute[n] for n, how in notes["gpu_compute"].items() if how.startswith("profiler")}
-            compute.update(tighter_bound(notes["profiled"], notes["host_loop"])[0])
-            notes["gpu_compute"] = tighter_bound(notes["profiled"], notes["host_loop"])[1]
-    return report
-
-
-def _sweeps(report: dict[str, Any], backend: str) -> list[dict[str, Any]]:
-    """The backend's TF32-off sweeps: the first of the comparison, then the repeats."""
-    first = report["runs"].get("tf32=False", {}).get(backend)
-    return [s for s in [first, *report["repeats"].get(backend, [])] if s is not None]
-
-
 def _save(out: Path, report: dict[str, Any], backends: list[str]) -> None:
     """Everything measured so far, so that a run stopped at its time limit still leaves its data."""
     (out / "gpu_reference.json").write_text(json.dumps(report, indent=1, default=str))
     (out / "gpu_reference.md").write_text(render(report, backends))
-
-
-def _ratio_rows(
-    sizes: list[int],
-    service: Curves,
-    reference: dict[str, Any],
-    cpu_reference: Curves | None,
-    torch_events: Curves | None,
-) -> list[str]:
-    rows = []
-    for kind, target_from in (("gpu", GPU_TARGET_FROM), ("cpu", CPU_TARGET_FROM)):
-        for mode in MODES:
-            for n in sizes:
-                svc = service[kind][mode].get(n)
-                ref_curves = reference.get("gpu") if kind == "gpu" else cpu_reference
-                ref = (ref_curves or {}).get(mode, {}).get(n)
-                if svc is None or ref is None:
-                    continue
-                ratio = svc / ref
-                verdict = ("yes" if abs(ratio - 1) <= TOLERANCE else "NO") if n >= target_from else "-"
-                other = (torch_events or {}).get(mode, {}).get(n) if kind == "gpu" else None
-                versus = f"{svc / other:.3f}" if other else "-"
-                rows.append(
-                    f"| {kind} | {mode} | {n} | {svc * 1e6:.2f} | {ref * 1e6:.2f} | {ratio:.3f} | {verdict} | {versus} |"
-                )
-    return rows
-
-
-def render(report: dict[str, Any], backends: list[str]) -> str:
-    sizes = report.get("sizes", list(SIZES))
-    lines = [
-        "# Service vs reference on a real GPU",
-        "",
-        f"- date: {report['date']}",
-        f"- GPU: {report.get('nvidia_smi')}",
-        f"- arguments: {report['arguments']}; CPU threads {report['cpu_threads']}",
-        "- sizes: " + ", ".join(map(str, sizes)) + "; float32; times in µs",
-        f"- targets: service/reference within {TOLERANCE:.0%} for n >= {GPU_TARGET_FROM} (GPU) and n >= {CPU_TARGET_FROM} (CPU)",
-        "",
-    ]
-    for run, by_backend in report["runs"].items():
-        for backend in backends:
-            sweep = by_backend.get(backend)
-            references = report["references"].get(backend, {})
-            reference = references.get(run, {})
-            lines += [f"## {backend}, {run}", ""]
-            if sweep is None or "failed" in sweep:
-                lines += [f"- not run or failed: {sweep}", ""]
-                continue
-            torch_events = report["references"]["torch"][run]["gpu"] if backend != "torch" else None
-            lines += [
-                f"- environment: {sweep['environment']}",
-                f"- sweep took {sweep['seconds']:.0f} s; result {sweep['result']} {sweep['reason']}; noisy points: {sweep['noisy_points']}",
-                f"- reference: {_methods(reference.get('notes', {}))}",
-                "",
-                "| device | mode | n | service | reference | ratio | within target | service / torch CUDA events |",
-                "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: |",
-            ]
-            lines += _ratio_rows(sizes, sweep["curves"], reference, references.get("cpu"), torch_events)
-            lines += [
-                "",
-                "| mode | service n* | service bracket | 95% CI | reference n* | reference bracket | service n* in reference bracket |",
-                "| --- | ---: | --- | --- | ---: | --- | --- |",
-            ]
-            for mode in MODES:
-                svc = sweep["crossovers"].get(mode, {})
-                cpu_curve = references.get("cpu", {}).get(mode, {})
-                gpu_curve = reference.get("gpu", {}).get(mode, {})
-                ref = crossover_of(cpu_curve, gpu_curve) if cpu_curve and gpu_curve else {}
-                inside = "-"
-                if svc.get("size") and ref.get("lower") and ref.get("upper"):
-                    inside = "yes" if ref["lower"] <= svc["size"] <= ref["upper"] else "NO"
-                lines.append(
-                    f"| {mode} | {_num(svc.get('size'))} ({svc.get('state')}) | {svc.get('lower')}–{svc.get('upper')} | "
-                    f"{_num(svc.get('ci_lower'))}–{_num(svc.get('ci_upper'))} | {_num(ref.get('size'))} ({ref.get('state')}) | "
-                    f"{ref.get('lower')}–{ref.get('upper')} | {inside} |"
-                )
-            lines += [
-                "",
-                "fixed cost and rate: "
-                + "; ".join(
-                    f"{c['device']} {c['mode']}: {c['fixed_s'] * 1e6:.1f} µs, {(c['peak_flops'] or 0) / 1e12:.1f} TFLOP/s"
-                    for c in sweep["costs"]
-                ),
-                "",
-            ]
-    naive_cross = crossover_of(report["naive"]["cpu"], report["naive"]["gpu"])
-    lines += [
-        "## The naive method (torch: create operands, one matmul, stop the clock)",
-        "",
-        "| n | CPU | GPU |",
-        "| ---: | ---: | ---: |",
-    ]
-    lines += [f"| {n} | {report['naive']['cpu'][n] * 1e6:.1f} | {report['naive']['gpu'][n] * 1e6:.1f} |" for n in sizes]
-    lines += ["", f"naive conclusion: {naive_cross}", "", "## Crossover spread over repeated sweeps (TF32 off)", ""]
-    for backend in backends:
-        sweeps = [s for s in _sweeps(report, backend) if "failed" not in s]
-        for mode in MODES:
-            sizes = [s["crossovers"].get(mode, {}).get("size") for s in sweeps]
-            found = [size for size in sizes if size]
-            ratio = max(found) / min(found) if found and len(found) == len(sizes) else None
-            lines.append(
-                f"- {backend} {mode}: " + ", ".join(_num(size) for size in sizes) + f" → max/min {_num(ratio, 3)}"
-                f" over {len(sizes)} sweeps"
-            )
-    lines += [f"- skipped: {skip}" for skip in report["skipped"]]
-    return "\n".join(lines) + "\n"
-
-
-def _methods(notes: dict[str, Any]) -> str:
-    """How the reference timed each part; for JAX also the profiler's outcome and the kernels it saw."""
-    compute = notes.get("gpu_compute")
-    if isinstance(compute, dict):
-        compute = ", ".join(sorted(set(compute.values())))
-    text = f"GPU compute: {compute}; GPU end_to_end: {notes.get('gpu_end_to_end')}; CPU: {notes.get('cpu')}"
-    if notes.get("profiler_error"):
-        text += f"; profiler failed ({notes['profiler_error']})"
-    kernels = notes.get("kernels") or {}
-    if kernels:
-        text += "; kernels at the largest size: " + ", ".join(kernels[max(kernels)])
-    return text
-
-
-def _num(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

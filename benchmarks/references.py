@@ -15,8 +15,8 @@ a sustained load differ from those in a short burst.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -215,20 +215,27 @@ def _profiled_per_call(jax: Any, block: Callable[[], None], calls: int, *, block
     if not events:
         seen = [(plane.name, [line.name for line in plane.lines][:6]) for plane in data.planes]
         raise RuntimeError(f"no kernel events on /device:GPU:0 stream lines; planes and lines seen: {seen}")
-    events.sort()
-    names = sorted({name[:80] for _, _, name in events})[:4]
-    per_block, rest = divmod(len(events), blocks * calls)
-    if rest or per_block == 0:
-        # Not k kernels per call, so the blocks cannot be told apart: the whole trace's span, gaps
-        # between blocks (a host sync each, tens of µs against 25 ms blocks) included.
-        return (events[-1][1] - events[0][0]) / 1e9 / (blocks * calls), "trace span", names
-    chunk = per_block * calls
-    spans = [
-        (max(end for _, end, _ in events[i : i + chunk]) - events[i][0]) / 1e9 / calls
-        for i in range(0, len(events), chunk)
-    ]
-    return statistics.median(spans), f"block spans, {per_block} kernel(s) per call", names
+    seconds, method = per_call_from_kernels([(start, end) for start, end, _ in events], blocks=blocks, calls=calls)
+    return seconds, method, sorted({name[:80] for _, _, name in events})[:4]
 
 
-def usable_threads() -> int:
-    return len(os.sched_getaffinity(0))
+Kernel = tuple[float, float]  # start and end on the GPU's clock, ns
+
+
+def per_call_from_kernels(kernels: list[Kernel], *, blocks: int, calls: int) -> tuple[float, str]:
+    """Median over the blocks of (last kernel end − first kernel start) / calls, and how it was found.
+
+    The blocks are told apart at the largest gaps between kernels: within a block the calls run
+    back to back, between two blocks the GPU waits for the host to see the first block end and
+    dispatch the next. Every block must then hold the same number of kernels, a whole number per
+    call; if not, the whole trace's span counts, gaps between blocks included.
+    """
+    kernels = sorted(kernels)
+    gaps = sorted(range(1, len(kernels)), key=lambda i: kernels[i][0] - kernels[i - 1][1], reverse=True)
+    edges = [0, *sorted(gaps[: blocks - 1]), len(kernels)]
+    groups = [kernels[first:last] for first, last in itertools.pairwise(edges)]
+    per_call, rest = divmod(len(kernels), blocks * calls)
+    if per_call == 0 or rest or len({len(group) for group in groups}) != 1:
+        return (kernels[-1][1] - kernels[0][0]) / 1e9 / (blocks * calls), "trace span"
+    spans = [(max(end for _, end in group) - group[0][0]) / 1e9 / calls for group in groups]
+    return statistics.median(spans), f"block spans, {per_call} kernel(s) per call"

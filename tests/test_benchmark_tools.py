@@ -48,15 +48,46 @@ def test_calls_per_block_fill_the_block_within_bounds() -> None:
     assert references.calls_per_block(1e-9) == references.MAX_CALLS
 
 
+def test_gpu_reference_results_are_recorded() -> None:
+    assert RECORDED, "no gpu_reference results in benchmarks/results"
+
+
 @pytest.mark.parametrize("recorded", RECORDED, ids=lambda path: path.name)
 def test_recorded_report_is_what_its_data_renders_to(recorded: Path) -> None:
     """A report in benchmarks/results says exactly what the JSON beside it holds."""
-    assert RECORDED, "no gpu_reference results recorded"
     rendered = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "gpu_reference.py"), "--render", str(recorded)],
+        [sys.executable, str(BENCHMARKS / "gpu_report.py"), str(recorded)],
         capture_output=True,
         text=True,
         check=True,
         cwd=REPO,
     ).stdout
     assert rendered == recorded.with_suffix(".md").read_text()
+
+
+def kernel_blocks(blocks: int, calls: int, kernel_ns: list[float], *, call_gap: float, block_gap: float) -> list:
+    """Kernels of back-to-back calls (``kernel_ns`` long each, ``call_gap`` apart), blocks ``block_gap`` apart."""
+    kernels, clock = [], 0.0
+    for _ in range(blocks):
+        for _ in range(calls):
+            for length in kernel_ns:
+                kernels.append((clock, clock + length))
+                clock += length + call_gap
+        clock += block_gap
+    return kernels
+
+
+def test_kernel_timestamps_give_the_per_call_span_of_each_block() -> None:
+    # a memset and a GEMM per call, 2 µs apart; the host takes 900 µs to start the next block
+    kernels = kernel_blocks(5, 3, [1e3, 2e6], call_gap=2e3, block_gap=9e5)
+    seconds, method = references.per_call_from_kernels(kernels, blocks=5, calls=3)
+    one_call = 1e3 + 2e3 + 2e6 + 2e3  # memset, gap, GEMM, gap
+    assert seconds == pytest.approx((3 * one_call - 2e3) / 3 / 1e9)  # the block ends with its last kernel
+    assert method == "block spans, 2 kernel(s) per call"
+
+
+def test_kernel_timestamps_that_do_not_split_into_equal_blocks_use_the_whole_span() -> None:
+    kernels = kernel_blocks(5, 3, [2e6], call_gap=2e3, block_gap=9e5)[:-1]  # one kernel lost
+    seconds, method = references.per_call_from_kernels(kernels, blocks=5, calls=3)
+    assert method == "trace span"
+    assert seconds == pytest.approx((kernels[-1][1] - kernels[0][0]) / 1e9 / 15)

@@ -100,45 +100,26 @@ class JaxBackend:
         return relative_error(product, a_host, b_host)
 
 
-def _compile(where: jax.Device, size: int, dtype: np.dtype[Any], *, into_buffer: bool) -> Callable[..., jax.Array]:
-    """``jnp.matmul`` of two n×n operands on ``where``, compiled now: compilation never lands in a timed block.
-
-    ``into_buffer``: the product is written over a third, donated n×n buffer. That keeps allocation
-    out of the timed calls, as ``torch.matmul(out=...)`` or a cuBLAS benchmark does: with XLA's
-    default allocator a fresh result per call costs little (no difference on an H200,
-    benchmarks/block_overhead.py), but with XLA_PYTHON_CLIENT_ALLOCATOR=platform every call would
-    pay a cudaMalloc and a cudaFree. ``keep_unused``: jit drops an unused argument, and then there
-    is nothing to donate.
-    """
+def _compile(where: jax.Device, size: int, dtype: np.dtype[Any]) -> Callable[..., jax.Array]:
+    """``jnp.matmul`` of two n×n operands on ``where``, compiled now: compilation never lands in a timed block."""
     sharding = jax.sharding.SingleDeviceSharding(where)
     operand = jax.ShapeDtypeStruct((size, size), dtype, sharding=sharding)
-    if into_buffer:
-        lowered = jax.jit(_matmul_into, donate_argnums=2, keep_unused=True).lower(operand, operand, operand)
-    else:
-        lowered = jax.jit(jnp.matmul).lower(operand, operand)
-    compiled: Callable[..., jax.Array] = lowered.compile()
+    compiled: Callable[..., jax.Array] = jax.jit(jnp.matmul).lower(operand, operand).compile()
     return compiled
-
-
-def _matmul_into(a: jax.Array, b: jax.Array, out: jax.Array) -> jax.Array:
-    del out  # donated: XLA writes the product into its buffer
-    return jnp.matmul(a, b)
 
 
 def _compute_block(where: jax.Device, what: str, a: jax.Array, b: jax.Array) -> Callable[[int], jax.Array]:
     _check_placement(where, a)
-    matmul = _compile(where, a.shape[0], a.dtype, into_buffer=True)
-    product = jnp.zeros(a.shape, a.dtype, device=where)
+    matmul = _compile(where, a.shape[0], a.dtype)
 
     def run(calls: int) -> jax.Array:
-        nonlocal product
         with _failures(where, what):
             for _ in range(calls):
-                product = matmul(a, b, product)
+                c = matmul(a, b)
             # Dispatch is asynchronous, and a device runs its computations in order: the last done, all are.
-            product.block_until_ready()
-        _check_placement(where, product)
-        return product
+            c.block_until_ready()
+        _check_placement(where, c)
+        return c
 
     return run
 
@@ -146,7 +127,7 @@ def _compute_block(where: jax.Device, what: str, a: jax.Array, b: jax.Array) -> 
 def _end_to_end_block(
     where: jax.Device, what: str, a_host: _HostArray, b_host: _HostArray
 ) -> Callable[[int], _HostArray]:
-    matmul = _compile(where, a_host.shape[0], a_host.dtype, into_buffer=False)
+    matmul = _compile(where, a_host.shape[0], a_host.dtype)
 
     def run(calls: int) -> _HostArray:
         with _failures(where, what):
