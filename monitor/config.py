@@ -5,6 +5,7 @@ Every problem is collected (not just the first) and names its key path and the b
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import math
 import re
@@ -16,13 +17,11 @@ from typing import Any, TypeVar
 import yaml
 
 from monitor.errors import ConfigError, Problem
-from monitor.model import DTYPES, MODES, Mode, canonical_device
-from monitor.schedule import cron_problem
+from monitor.model import BACKENDS, DTYPES, MODES, Mode, canonical_device
 
 DEFAULT_PORT = 9437
 MAX_PORT = 65535
 MAX_SIZE = 65536  # an n-by-n float32 operand of this n is 16 GiB
-BUILTIN_BACKENDS = ("tensorflow", "torch", "jax")
 # A third-party or test backend: an import path "package.module:attribute".
 PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -238,6 +237,10 @@ def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
     interval = r.get(section, "interval", "schedule.interval", None, _duration(positive=True))
     cron = section.get("cron")
     if cron is not None:
+        # Imported here, not at the top: every timing worker imports this module (for the settings
+        # its Plan carries) and needs no scheduler.
+        from monitor.schedule import cron_problem  # noqa: PLC0415
+
         if not isinstance(cron, str):
             r.add("schedule.cron", f"must be a crontab string like '*/15 * * * *', got {_show(cron)}")
             cron = None
@@ -353,10 +356,10 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     d = BenchmarkSettings()
 
     backend = bench.get("backend", d.backend)
-    if not isinstance(backend, str) or (backend not in BUILTIN_BACKENDS and PLUGIN_BACKEND.fullmatch(backend) is None):
+    if not isinstance(backend, str) or (backend not in BACKENDS and PLUGIN_BACKEND.fullmatch(backend) is None):
         r.add(
             "benchmark.backend",
-            f"unknown backend {backend!r} (choose from {', '.join(BUILTIN_BACKENDS)}, "
+            f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)}, "
             "or give a plugin as 'package.module:attribute')",
         )
         backend = d.backend
@@ -455,9 +458,4 @@ def with_listen(settings: Settings, listen: str) -> Settings:
     parsed = parse_listen(listen)
     if isinstance(parsed, _Bad):
         raise ConfigError("--listen", [Problem("--listen", parsed.message)])
-    return Settings(
-        schedule=settings.schedule,
-        benchmark=settings.benchmark,
-        server=ServerSettings(host=parsed[0], port=parsed[1]),
-        source=settings.source,
-    )
+    return dataclasses.replace(settings, server=ServerSettings(host=parsed[0], port=parsed[1]))

@@ -6,7 +6,7 @@ import math
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode
 
@@ -139,12 +139,8 @@ def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
     interval = None
     if state is CrossoverState.FOUND:
         interval = bootstrap_interval([(n, cpu[n].samples, gpu[n].samples) for n in common])
-    return Crossover(
-        backend=template.backend,
-        gpu=template.gpu,
-        cpu=template.cpu,
-        dtype=template.dtype,
-        mode=template.mode,
+    return replace(
+        template,
         state=state,
         size=size,
         lower=lower,

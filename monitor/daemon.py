@@ -55,7 +55,7 @@ class Service:
         self._sweep_idle.set()
         self._sweep_started: float | None = None
         # Devices whose failure was fatal (e.g. no such device): not retried until a restart.
-        self._given_up: dict[str, str] = {}
+        self._given_up: set[str] = set()  # devices with a fatal failure: not retried until restart
         schedule = settings.schedule
         self._scheduler = SweepScheduler(
             job=self._sweep,
@@ -129,7 +129,7 @@ class Service:
         failures = outcome.snapshot.failures if outcome.snapshot is not None else ()
         for failure in failures:
             if failure.fatal and failure.point is None and failure.device not in self._given_up:
-                self._given_up[failure.device] = failure.reason
+                self._given_up.add(failure.device)
                 log.warning(
                     "device will not be retried until restart",
                     extra={"device": failure.device, "reason": failure.reason},

@@ -14,6 +14,8 @@ Role = Literal["sweep", "probe", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+# Built-in backends, each monitor/bench/<name>_backend.py; anything else is a plugin "package.module:attribute".
+BACKENDS: tuple[str, ...] = ("tensorflow", "torch", "jax")
 
 
 def canonical_device(name: str) -> str:

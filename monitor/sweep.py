@@ -225,7 +225,8 @@ def run_sweep(
         worker.stop()
     # A device that failed part-way through keeps none of its points: a truncated curve would
     # give a made-up crossover state, and its series must disappear (its up gauge says 0).
-    failed_devices = {f.device for f in collected.failures if f.point is None}
+    device_failures = [f for f in collected.failures if f.point is None]
+    failed_devices = {f.device for f in device_failures}
     measurements = [m for m in collected.measurements if m.key.device not in failed_devices]
     snapshot = Snapshot(
         started_at=started,
@@ -237,9 +238,10 @@ def run_sweep(
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),
     )
-    device_failures = [f"{f.device}: {f.reason}" for f in collected.failures if f.point is None]
     result = SweepResult.FAILED if device_failures or not measurements else SweepResult.SUCCESS
-    reason = "; ".join(device_failures) or ("" if measurements else "no device produced a measurement")
+    reason = "; ".join(f"{f.device}: {f.reason}" for f in device_failures) or (
+        "" if measurements else "no device produced a measurement"
+    )
     return SweepOutcome(
         result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
     )

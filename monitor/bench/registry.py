@@ -6,12 +6,9 @@ import importlib
 
 from monitor.bench.contract import Backend, BackendFactory, BackendOptions
 from monitor.errors import BackendUnavailable
+from monitor.model import BACKENDS
 
-BUILTIN = {
-    "tensorflow": "monitor.bench.tensorflow_backend:create",
-    "torch": "monitor.bench.torch_backend:create",
-    "jax": "monitor.bench.jax_backend:create",
-}
+BUILTIN = {name: f"monitor.bench.{name}_backend:create" for name in BACKENDS}
 
 
 def load_backend(name: str, options: BackendOptions) -> Backend:
