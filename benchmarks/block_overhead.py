@@ -14,21 +14,25 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from monitor.config import TimingSettings
+
 BLOCKS, WARM = 10, 2
-SERVICE_BLOCK_S = 0.02  # benchmark.timing.block_time's default
+SERVICE_BLOCK_S = TimingSettings().block_s  # benchmark.timing.block_time's default
 CALLS = (1, 2, 4, 8, 16)
 
 
 def fit(points: dict[int, float]) -> tuple[float, float]:
     """Least-squares intercept and slope of block time against calls per block."""
-    ks, ts = list(points), list(points.values())
-    mean_k, mean_t = statistics.fmean(ks), statistics.fmean(ts)
-    slope = sum((k - mean_k) * (t - mean_t) for k, t in zip(ks, ts, strict=True)) / sum((k - mean_k) ** 2 for k in ks)
-    return mean_t - slope * mean_k, slope
+    slope, intercept = statistics.linear_regression(list(points), list(points.values()))
+    return intercept, slope
 
 
 def blocks(call: Callable[[], Any], wait: Callable[[Any], None]) -> dict[int, float]:
@@ -60,7 +64,7 @@ def main() -> None:
     import torch  # noqa: PLC0415
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    print("| framework | wait | n | per block (µs) | per call (µs) | per block / 20 ms |")
+    print(f"| framework | wait | n | per block (µs) | per call (µs) | per block / {SERVICE_BLOCK_S * 1e3:.0f} ms |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
     with jax.default_matmul_precision("float32"):
         for n in map(int, args.sizes.split(",")):

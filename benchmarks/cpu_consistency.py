@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 VARIANT = r"""
-import json, statistics, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/benchmarks")
+from references import median_for
 from monitor.bench.contract import BackendOptions
 from monitor.bench.hostinfo import usable_cpus
 from monitor.bench.registry import load_backend
@@ -36,13 +38,7 @@ out = {}
 for n in sizes:
     run = backend.prepare(devices["cpu"], n, "float32", "compute")
     if variant == "plain":
-        for _ in range(3):
-            run(1)
-        times = []
-        deadline = time.perf_counter() + 1.0
-        while time.perf_counter() < deadline or len(times) < 5:
-            t0 = time.perf_counter(); run(1); times.append(time.perf_counter() - t0)
-        out[n] = statistics.median(times)
+        out[n] = median_for(lambda: run(1))
         continue
     if variant == "after-gpu" and "gpu" in devices:
         measure(backend.prepare(devices["gpu"], n, "float32", "compute"), TimingSettings(), time.perf_counter)

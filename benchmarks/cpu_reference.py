@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from references import median_for  # noqa: E402
 
 from monitor.bench.contract import BackendOptions  # noqa: E402
 from monitor.bench.hostinfo import usable_cpus  # noqa: E402
@@ -52,15 +53,7 @@ def plain(n: int, mode: str) -> float:
         if mode == "compute"
         else (lambda: tf.matmul(tf.constant(a_host), tf.constant(b_host)).numpy())
     )
-    for _ in range(3):
-        call()
-    times: list[float] = []
-    deadline = time.perf_counter() + 1.0
-    while time.perf_counter() < deadline or len(times) < 5:
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_for(call)
 
 
 def main() -> None:
@@ -88,7 +81,7 @@ def main() -> None:
         "# Service median vs plain timing loop, TensorFlow on the CPU",
         "",
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, {threads} threads used, CPU: {_cpu_model()}",
+        f"- machine: {platform.machine()}, {os.cpu_count()} CPUs, {threads} threads used, CPU: {cpu.name}",
         f"- python {platform.python_version()}, tensorflow {tf.__version__}",
         f"- {args.rounds} rounds per point, service and plain alternating in one process; medians over rounds",
         "- target: service / plain within 5% for n >= 256",
@@ -105,13 +98,6 @@ def main() -> None:
     lines += ["", f"points at n >= 256 outside 5%: {misses}"]
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 from gpu_report import render, sweeps_of  # noqa: E402
 from references import MODES, empty_curves, jax_reference, torch_reference  # noqa: E402
 
+from monitor.bench.hostinfo import usable_cpus  # noqa: E402
 from monitor.config import BenchmarkSettings, RefineSettings  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
@@ -68,15 +69,14 @@ def service_sweep(
     outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=threading.Event())
     if outcome.snapshot is None:
         return {"failed": outcome.reason, "seconds": time.monotonic() - started}
-    kinds = {d.device: d.kind for d in outcome.snapshot.devices}
+    first: dict[str, str] = {}  # kind -> device: the first CPU and the first GPU are the curves compared
+    for device in outcome.snapshot.devices:
+        first.setdefault(device.kind, device.device)
+    compared = {device: kind for kind, device in first.items() if kind in ("cpu", "gpu")}
     curves = empty_curves()
     for m in outcome.snapshot.measurements:
-        if (
-            m.role == "sweep"
-            and kinds[m.key.device] in curves
-            and m.key.device in (_first(kinds, "cpu"), _first(kinds, "gpu"))
-        ):
-            curves[kinds[m.key.device]][m.key.mode][m.key.size] = m.timing.median_s
+        if m.role == "sweep" and m.key.device in compared:
+            curves[compared[m.key.device]][m.key.mode][m.key.size] = m.timing.median_s
     crossovers = {
         c.mode: {
             "state": c.state.value,
@@ -87,7 +87,7 @@ def service_sweep(
             "ci_upper": c.ci_upper,
         }
         for c in outcome.snapshot.crossovers
-        if c.gpu == _first(kinds, "gpu")
+        if c.gpu == first.get("gpu")
     }
     costs = [dataclasses.asdict(c) for c in outcome.snapshot.costs]
     noisy = sum(1 for m in outcome.snapshot.measurements if m.timing.noisy)
@@ -102,10 +102,6 @@ def service_sweep(
         "noisy_points": noisy,
         "devices": [dataclasses.asdict(d) for d in outcome.snapshot.devices],
     }
-
-
-def _first(kinds: dict[str, str], kind: str) -> str | None:
-    return next((d for d, k in kinds.items() if k == kind), None)
 
 
 NAIVE = r"""
@@ -151,7 +147,7 @@ def measure(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     backends = args.backends.split(",")
     tf32_settings = [{"off": False, "on": True}[word] for word in args.tf32.split(",") if word]
-    threads = args.cpu_threads or len(os.sched_getaffinity(0))
+    threads = args.cpu_threads or usable_cpus()  # as the worker counts them, container CPU quota included
     started = time.monotonic()
     report: dict[str, Any] = {
         "date": dt.datetime.now(dt.UTC).isoformat(),

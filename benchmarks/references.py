@@ -54,6 +54,19 @@ def median_per_call(run: Callable[[], object], calls: int, *, skip: int = 0) -> 
     return statistics.median(times)
 
 
+def median_for(run: Callable[[], object], *, seconds: float = 1.0, min_calls: int = 5, warmup: int = 3) -> float:
+    """Median per-call time of ``run`` called for at least ``seconds`` and ``min_calls`` times, after ``warmup`` calls."""
+    for _ in range(warmup):
+        run()
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < min_calls:
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def torch_reference(sizes: Sequence[int], *, tf32: bool, cpu: bool, threads: int) -> tuple[Curves, dict[str, Any]]:
     import torch  # noqa: PLC0415
 
