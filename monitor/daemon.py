@@ -30,6 +30,9 @@ _STUCK_AFTER_DEADLINE_S = 30.0
 _MAIN_LOOP_TICK_S = 1.0
 # A due sweep that has not started this long after its time means the scheduler thread is gone.
 _OVERDUE_AFTER_S = 120.0
+# How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
+# unit's TimeoutStopSec and the pod's terminationGracePeriodSeconds must leave room for it.
+STOP_WAIT_S = KILL_GRACE_S * 2 + 1
 
 
 def framework_version(backend: str) -> str:
@@ -167,7 +170,7 @@ class Service:
         self._stopping.set()
         self._cancel_sweep.set()
         self._scheduler.shutdown()
-        if not self._sweep_idle.wait(KILL_GRACE_S * 2 + 1):
+        if not self._sweep_idle.wait(STOP_WAIT_S):
             log.warning("a sweep did not stop in time; its worker is killed when this process exits")
         self._server.stop()
         log.info("stopped")

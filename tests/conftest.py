@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
@@ -45,3 +46,10 @@ def free_port() -> int:
 def _run_from_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers import the fake backends as 'tests.fakes', so they start from the repository root."""
     monkeypatch.chdir(REPO)
+
+
+def tool(name: str, package: str) -> str:
+    """The path of a checker the tests need; fails (never skips) with what to install when it is missing."""
+    path = shutil.which(name)
+    assert path, f"{name} is not installed: scripts/test installs it with Debian's {package} package"
+    return path

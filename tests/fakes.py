@@ -118,33 +118,12 @@ class SlowBackend(CurveBackend):
         return lambda _calls: time.sleep(1.0)
 
 
-def curve(options: BackendOptions) -> CurveBackend:
-    return CurveBackend(options)
-
-
-def hanging(options: BackendOptions) -> CurveBackend:
-    return HangingBackend(options)
-
-
-def crashing(options: BackendOptions) -> CurveBackend:
-    return CrashingBackend(options)
-
-
-def broken_gpu(options: BackendOptions) -> CurveBackend:
-    return BrokenGpuBackend(options)
-
-
-def late_failing_gpu(options: BackendOptions) -> CurveBackend:
-    return LateFailingGpuBackend(options)
-
-
-def buggy(options: BackendOptions) -> CurveBackend:
-    return BuggyBackend(options)
-
-
-def cpu_only(options: BackendOptions) -> CurveBackend:
-    return CpuOnlyBackend(options)
-
-
-def slow(options: BackendOptions) -> CurveBackend:
-    return SlowBackend(options)
+# The plugin factories ("tests.fakes:NAME"): load_backend calls factory(options), as a class is called.
+curve = CurveBackend
+hanging = HangingBackend
+crashing = CrashingBackend
+broken_gpu = BrokenGpuBackend
+late_failing_gpu = LateFailingGpuBackend
+buggy = BuggyBackend
+cpu_only = CpuOnlyBackend
+slow = SlowBackend

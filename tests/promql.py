@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, tool
 
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
 SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
@@ -76,3 +77,16 @@ def doc_anchors(path: Path) -> set[str]:
         for line in path.read_text(encoding="utf-8").splitlines()
         if re.match(r"^#{1,6} ", line)
     }
+
+
+def promtool(*args: str | Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The real promtool on ``args`` (relative paths from the rules' folder), ``stdin`` as its input."""
+    return subprocess.run(
+        [tool("promtool", "prometheus"), *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=RULES.parent,
+    )

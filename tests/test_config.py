@@ -16,8 +16,7 @@ from monitor.config import (
     with_listen,
 )
 from monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO
 
 # (document, key path the message must name, a fragment of the message)
 BAD_CONFIGS = [

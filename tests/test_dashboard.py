@@ -222,4 +222,3 @@ def test_provisioning_points_grafana_at_prometheus_and_the_dashboards_folder() -
     (provider,) = providers["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"].startswith("/")
-    assert DASHBOARD.parent.name == "dashboards"

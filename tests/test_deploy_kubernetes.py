@@ -15,21 +15,18 @@ import yaml
 
 from monitor.cli import _parser
 from monitor.config import DEFAULT_PORT
-from monitor.sweep import KILL_GRACE_S
+from monitor.daemon import STOP_WAIT_S
 from tests.conftest import REPO
+from tests.promql import DASHBOARD, RULES, SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "kubernetes"
 GENERATOR = HERE / "generate.py"
-RULES = REPO / "deploy" / "prometheus" / "rules.yml"
-SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
-DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor.json"
 GPU_DOCKERFILE = REPO / "deploy" / "container" / "Dockerfile.gpu"
 EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
 # A recent release that kubernetes-validate ships schemas for; bump with the package.
 KUBERNETES_VERSION = "1.34.0"
 # The Prometheus Operator's kinds: kubernetes-validate has no schemas for CRDs.
 OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
-STOP_PATH_S = KILL_GRACE_S * 2 + 1  # Service.stop's bound on killing a sweep in flight
 
 
 def manifests() -> list[Path]:
@@ -135,7 +132,7 @@ def test_pod_runs_unprivileged_and_read_only(pod: dict[str, Any], container: dic
 
 def test_termination_grace_outlasts_the_sweep_kill_path(pod: dict[str, Any]) -> None:
     """Kubernetes waits well past the service's own bounded stop before it kills the pod."""
-    assert pod["spec"]["terminationGracePeriodSeconds"] >= 2 * STOP_PATH_S
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= 2 * STOP_WAIT_S
 
 
 def test_pod_reads_its_config_from_the_configmap(pod: dict[str, Any], container: dict[str, Any]) -> None:
@@ -202,9 +199,7 @@ def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
     groups.write_text(
         yaml.safe_dump({"groups": load(HERE / "prometheusrule.yaml")["spec"]["groups"]}), encoding="utf-8"
     )
-    result = subprocess.run(
-        ["promtool", "check", "rules", str(groups)], capture_output=True, text=True, timeout=60, check=False
-    )
+    result = promtool("check", "rules", groups)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

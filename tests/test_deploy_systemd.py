@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from monitor.cli import _parser
+from monitor.daemon import STOP_WAIT_S
 from monitor.errors import EXIT_CONFIG
-from monitor.sweep import KILL_GRACE_S
 from tests.conftest import REPO
 
 UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
@@ -21,7 +21,6 @@ INSTALLED_BINARY = "/opt/crossover-monitor/.venv/bin/crossover-monitor"
 CONFIG = "/etc/crossover-monitor/config.yaml"
 MAX_EXPOSURE = 2.5  # systemd-analyze security rates below this "OK"; 10 is an unsandboxed root service
 # Service.stop waits this long at most for a sweep to be killed (SIGTERM, then SIGKILL after the grace).
-STOP_PATH_S = KILL_GRACE_S * 2 + 1
 
 
 def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -160,7 +159,7 @@ def test_configuration_is_checked_before_the_service_starts(unit: dict[str, list
 
 def test_stop_timeout_outlasts_the_sweep_kill_path(unit: dict[str, list[str]]) -> None:
     """systemd waits well past the service's own bounded stop before it sends SIGKILL."""
-    assert seconds(unit["Service.TimeoutStopSec"][-1]) >= 2 * STOP_PATH_S
+    assert seconds(unit["Service.TimeoutStopSec"][-1]) >= 2 * STOP_WAIT_S
 
 
 def test_sandbox_keeps_what_tensorflow_and_cuda_need(unit: dict[str, list[str]]) -> None:

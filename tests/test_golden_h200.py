@@ -7,8 +7,6 @@ same data, and the scrape must hold every metric family the contract promises.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from monitor.model import (
     SweepResult,
     Timing,
 )
+from tests.promql import promtool
 from tests.service import Samples, find, parse
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200_torch_metrics.txt"
@@ -133,11 +132,7 @@ def _snapshot_from(samples: Samples) -> ServiceState:
 
 def test_golden_scrape_passes_promtool() -> None:
     """The real-GPU exposition passes promtool check metrics with no warnings."""
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
-    result = subprocess.run(
-        [promtool, "check", "metrics"], input=FIXTURE.read_text(), capture_output=True, text=True, check=False
-    )
+    result = promtool("check", "metrics", stdin=FIXTURE.read_text())
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == ""
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,24 +17,9 @@ from tests.promql import (
     doc_anchors,
     load_rules,
     metric_names,
+    promtool,
     recorded_names,
 )
-
-PROMTOOL = shutil.which("promtool")
-# Never skipped: scripts/test installs promtool, and a missing one must fail the run, not hide it.
-needs_promtool = pytest.mark.usefixtures("_promtool_installed")
-
-
-@pytest.fixture
-def _promtool_installed() -> None:
-    assert PROMTOOL is not None, "promtool is missing: scripts/test installs Debian's prometheus package"
-
-
-def _promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    assert PROMTOOL is not None
-    return subprocess.run(
-        [PROMTOOL, *map(str, args)], capture_output=True, text=True, timeout=120, check=False, cwd=RULES.parent
-    )
 
 
 def _alerts() -> list[dict[str, object]]:
@@ -47,20 +30,18 @@ def _unit_test_files() -> list[Path]:
     return sorted(RULE_TESTS.glob("*.yml"))
 
 
-@needs_promtool
 def test_rules_file_passes_promtool_check() -> None:
     """`promtool check rules` accepts deploy/prometheus/rules.yml."""
-    result = _promtool("check", "rules", RULES)
+    result = promtool("check", "rules", RULES)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
-@needs_promtool
-def test_rule_unit_tests_pass_under_promtool() -> None:
+def test_rule_unit_tests_pass_underpromtool() -> None:
     """`promtool test rules` passes every unit test in tests/prometheus."""
     files = _unit_test_files()
     assert files, "no promtool unit tests found"
-    result = _promtool("test", "rules", *files)
+    result = promtool("test", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == len(files), result.stdout
 
@@ -78,10 +59,9 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test() -> None:
     assert alerts - silent == set(), "alerts never shown staying silent"
 
 
-@needs_promtool
-def test_scrape_example_is_a_valid_prometheus_config(tmp_path: Path) -> None:
+def test_scrape_example_is_a_valid_prometheus_config() -> None:
     """The scrape example passes `promtool check config`, scrapes port 9437 every 15–30s and loads the rules."""
-    result = _promtool("check", "config", SCRAPE_EXAMPLE)
+    result = promtool("check", "config", SCRAPE_EXAMPLE)
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
     assert config["rule_files"] == [RULES.name]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.promql import promtool
 from tests.service import RunningService, find, parse
 
 pytestmark = pytest.mark.slow
@@ -113,11 +113,7 @@ def test_sweep_and_device_metrics_follow_the_contract(tensorflow_service: tuple[
 
 def test_scrape_passes_promtool_check_metrics(tensorflow_service: tuple[RunningService, str]) -> None:
     """promtool accepts the exposition with no warnings."""
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
-    result = subprocess.run(
-        [promtool, "check", "metrics"], input=tensorflow_service[1], capture_output=True, text=True, check=False
-    )
+    result = promtool("check", "metrics", stdin=tensorflow_service[1])
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "", result.stdout
 
