@@ -17,6 +17,18 @@ from tests.conftest import REPO, free_port
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+def fake_config(backend: str = "curve", *, interval: str = "1h", timeout: str = "30s") -> str:
+    """A configuration that runs the fake plugin backend ``tests.fakes:BACKEND`` in about a second a sweep."""
+    return f"""
+schedule: {{interval: {interval}}}
+benchmark:
+  backend: "tests.fakes:{backend}"
+  sizes: [16, 32, 64, 128]
+  timeout: {timeout}
+  timing: {{size_budget: 200ms, block_time: 2ms, min_blocks: 3}}
+"""
+
+
 class RunningService:
     """``python -m monitor run`` with a config written to a temp dir; stopped by ``stop``."""
 
@@ -50,31 +62,14 @@ class RunningService:
 
     def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
         """Status, content type and body of a GET, without raising on 503."""
-        request = urllib.request.Request(self.url + path, headers=headers or {})  # noqa: S310 - loopback
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
-                return response.status, response.headers["Content-Type"], response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.headers["Content-Type"], exc.read().decode()
+        return http_get(self.url + path, headers)
 
     def scrape(self) -> Samples:
         _, _, body = self.get("/metrics")
         return parse(body)
 
     def wait_for(self, condition: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(
-                    f"service exited with {self.process.returncode} waiting for {what}:\n{self.logs()}"
-                )
-            try:
-                if condition():
-                    return
-            except (OSError, urllib.error.URLError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{self.logs()}")
+        wait_until(condition, timeout, what, process=self.process, logs=self.logs)
 
     def wait_for_sweeps(self, result: str, count: int = 1, timeout: float = 90) -> Samples:
         key = ("matmul_sweeps_total", frozenset({("result", result)}))
@@ -86,15 +81,53 @@ class RunningService:
         return self.log.read_text()
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        status = stop_process(self.process)
         self._log_file.close()
-        return self.process.returncode
+        return status
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Status, content type and body of a GET, without raising on an error status."""
+    request = urllib.request.Request(url, headers=headers or {})  # noqa: S310 - loopback
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read().decode()
+
+
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    *,
+    process: subprocess.Popen[bytes] | None = None,
+    logs: Callable[[], str] = str,
+) -> None:
+    """Poll ``condition`` (connection errors count as not yet) until true; fail at once if ``process`` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the process exited with {process.returncode} while waiting for {what}:\n{logs()}")
+        try:
+            if condition():
+                return
+        except OSError:  # urllib.error.URLError is one
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n{logs()}")
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float = 15) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; its exit status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
 
 
 def parse(body: str) -> Samples:

@@ -16,13 +16,9 @@ import pytest
 from monitor import __version__
 from monitor.cli import main
 from tests.conftest import REPO
+from tests.service import fake_config
 
-CONFIG = """
-benchmark:
-  backend: "tests.fakes:curve"
-  sizes: [16, 32, 64, 128]
-  timing: {size_budget: 200ms, block_time: 2ms, min_blocks: 3}
-"""
+CONFIG = fake_config()
 
 
 def _once(tmp_path: Path, *flags: str, config: str = CONFIG) -> subprocess.CompletedProcess[str]:
@@ -74,7 +70,7 @@ def test_once_json_is_machine_readable(tmp_path: Path) -> None:
 
 def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
     """A failed sweep makes `once` exit 1 and say why."""
-    result = _once(tmp_path, config=CONFIG.replace("tests.fakes:curve", "tests.fakes:crashing"))
+    result = _once(tmp_path, config=fake_config("crashing"))
     assert result.returncode == 1
     assert "sweep failed" in result.stdout
 
@@ -82,7 +78,7 @@ def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
 def test_sigterm_stops_once_and_its_worker(tmp_path: Path) -> None:
     """SIGTERM during `once` kills the sweep's worker (its own process group) and exits 130."""
     path = tmp_path / "config.yaml"
-    path.write_text(CONFIG.replace("tests.fakes:curve", "tests.fakes:slow"))
+    path.write_text(fake_config("slow"))
     process = subprocess.Popen([sys.executable, "-m", "monitor", "once", "--config", str(path)], cwd=REPO)
     try:
         workers: list[int] = []

@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,7 +24,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
-from tests.service import RunningService
+from tests.service import RunningService, fake_config, stop_process, wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.slow  # never skipped: a missing prometheus fails (scripts/test installs it)
@@ -37,13 +36,7 @@ benchmark:
   timeout: 60s
   timing: {size_budget: 300ms}
 """
-FAKE_GPU_CONFIG = """
-schedule: {interval: 20s}
-benchmark:
-  backend: "tests.fakes:curve"
-  sizes: [16, 32, 64, 128]
-  timing: {size_budget: 200ms, block_time: 2ms, min_blocks: 3}
-"""
+FAKE_GPU_CONFIG = fake_config(interval="20s")
 # What Grafana would put in for its built-in interval variables.
 BUILTINS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
 # Panels whose data can only exist where a GPU was measured. The TensorFlow service on this CPU-only
@@ -71,18 +64,6 @@ class Stack:
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{expr}\n-> HTTP {exc.code}: {exc.read().decode()}") from None
         return list(data["result"])
-
-
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if condition():
-                return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def _prometheus_config(tmp: Path, targets: list[str]) -> Path:
@@ -125,27 +106,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        started.append(lambda: _stop(prometheus))
+        started.append(lambda: stop_process(prometheus))
         stack = Stack(f"http://127.0.0.1:{port}", tensorflow, fake_gpu)
-        _wait(lambda: urllib.request.urlopen(f"{stack.prometheus}/-/ready", timeout=2).status == 200, 20, "ready")  # noqa: S310
+        wait_until(lambda: urllib.request.urlopen(f"{stack.prometheus}/-/ready", timeout=2).status == 200, 20, "ready")  # noqa: S310
         # Both services have swept and been scraped, and the rules have run over their data.
-        _wait(lambda: bool(stack.query('matmul_duration_seconds{backend="tensorflow"}')), 45, "TensorFlow timings")
-        _wait(lambda: bool(stack.query("instance_device:matmul_gpu_speedup:ratio")), 30, "the GPU speed-up rule")
+        wait_until(lambda: bool(stack.query('matmul_duration_seconds{backend="tensorflow"}')), 45, "TensorFlow timings")
+        wait_until(lambda: bool(stack.query("instance_device:matmul_gpu_speedup:ratio")), 30, "the GPU speed-up rule")
         # Two scrapes of each target's four counters, so that increase() has something to compare.
-        _wait(lambda: len(stack.query("increase(matmul_sweeps_total[1m])")) == 8, 10, "two scrapes")
+        wait_until(lambda: len(stack.query("increase(matmul_sweeps_total[1m])")) == 8, 10, "two scrapes")
         yield stack
     finally:
         for stop in reversed(started):
             stop()
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def _regex_literal(values: list[str]) -> str:
@@ -227,7 +199,7 @@ def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Sta
         if "record" in rule:
             record = rule["record"]
             # A rule evaluated between a target's first and second scrape records nothing until the next round.
-            _wait(lambda record=record: bool(stack.query(record)), 5, f"{record} to record something")
+            wait_until(lambda record=record: bool(stack.query(record)), 5, f"{record} to record something")
 
 
 def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
@@ -237,7 +209,7 @@ def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
     def rules() -> list[dict[str, Any]]:
         return [r for g in stack.api("/api/v1/rules")["groups"] for r in g["rules"]]
 
-    _wait(lambda: all(r["health"] == "ok" for r in rules()), 10, "every rule evaluated")
+    wait_until(lambda: all(r["health"] == "ok" for r in rules()), 10, "every rule evaluated")
     assert {r["name"] for r in rules()} == expected
     assert [r for r in rules() if r.get("lastError")] == []
     assert [r["name"] for r in rules() if r["type"] == "alerting" and r["state"] == "firing"] == []

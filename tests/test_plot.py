@@ -250,13 +250,10 @@ def test_plot_writes_png_or_svg_by_extension(
 @pytest.mark.slow
 def test_plot_from_a_real_once_json_and_a_running_service(tmp_path: Path) -> None:
     """Real `once --json` output and a real running service's /metrics both plot to a PNG."""
-    from tests.service import RunningService  # noqa: PLC0415 - only the slow test starts services
+    from tests.service import RunningService, fake_config  # noqa: PLC0415 - only the slow test starts services
 
     config = tmp_path / "config.yaml"
-    config.write_text(
-        'benchmark:\n  backend: "tests.fakes:curve"\n  sizes: [16, 32, 64, 128]\n'
-        "  timing: {size_budget: 200ms, block_time: 2ms, min_blocks: 3}\n"
-    )
+    config.write_text(fake_config())
     once = subprocess.run(
         [sys.executable, "-m", "monitor", "once", "--json", "--config", str(config)],
         cwd=REPO,

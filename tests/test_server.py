@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -11,14 +9,7 @@ import pytest
 from monitor.metrics import build_registry
 from monitor.model import ServiceState
 from monitor.server import MetricsServer
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+from tests.service import http_get
 
 
 def _broken_state() -> ServiceState:
@@ -39,9 +30,11 @@ def broken_server() -> Iterator[str]:
 
 def test_a_rendering_error_answers_500_and_the_server_keeps_serving(broken_server: str) -> None:
     """A bug while rendering /metrics gives HTTP 500 (not a dropped connection); the probes still answer."""
-    status, body = _get(broken_server + "/metrics")
+    status, _, body = http_get(broken_server + "/metrics")
     assert status == 500
     assert "internal error" in body
-    assert _get(broken_server + "/healthz") == (200, "ok\n")
-    assert _get(broken_server + "/readyz") == (503, "not yet\n")
-    assert _get(broken_server + "/metrics")[0] == 500
+    status, _, body = http_get(broken_server + "/healthz")
+    assert (status, body) == (200, "ok\n")
+    status, _, body = http_get(broken_server + "/readyz")
+    assert (status, body) == (503, "not yet\n")
+    assert http_get(broken_server + "/metrics")[0] == 500

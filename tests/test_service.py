@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.promql import promtool
-from tests.service import RunningService, find, parse
+from tests.service import RunningService, fake_config, find, parse
 
 pytestmark = pytest.mark.slow
 
@@ -24,17 +24,6 @@ benchmark:
   sizes: [8, 64, 256]
   timeout: 2m
   timing: {size_budget: 300ms, block_time: 5ms, min_blocks: 3}
-"""
-
-
-def _fake_config(backend: str, timeout: str = "30s") -> str:
-    return f"""
-schedule: {{interval: 1h}}
-benchmark:
-  backend: "tests.fakes:{backend}"
-  sizes: [16, 32, 64, 128]
-  timeout: {timeout}
-  timing: {{size_budget: 200ms, block_time: 2ms, min_blocks: 3}}
 """
 
 
@@ -132,7 +121,7 @@ def test_probes_and_openmetrics(tensorflow_service: tuple[RunningService, str]) 
 
 def test_fake_gpu_crossover_is_exported_with_its_bracket(start: type[RunningService]) -> None:
     """With a GPU-like device whose curve is known, the crossover, its bracket and state are exported."""
-    service = start(_fake_config("curve"))
+    service = start(fake_config("curve"))
     samples = service.wait_for_sweeps("success")
     labels = {"backend": "fake", "gpu": "/GPU:0", "cpu": "/CPU:0", "dtype": "float32", "mode": "compute"}
     key = frozenset(labels.items())
@@ -154,7 +143,7 @@ def test_fake_gpu_crossover_is_exported_with_its_bracket(start: type[RunningServ
 
 def test_not_ready_before_the_first_sweep(start: type[RunningService]) -> None:
     """/readyz is 503 while no sweep has completed, /healthz is 200, and no timings are served."""
-    service = start(_fake_config("slow", timeout="60s"))
+    service = start(fake_config("slow", timeout="60s"))
     service.wait_for(lambda: service.get("/healthz")[0] == 200, 20, "healthz")
     status, _, body = service.get("/readyz")
     assert status == 503
@@ -164,7 +153,7 @@ def test_not_ready_before_the_first_sweep(start: type[RunningService]) -> None:
 
 def test_hung_worker_is_counted_as_timeout_and_daemon_keeps_serving(start: type[RunningService]) -> None:
     """A worker that hangs is killed at the deadline; the sweep counts as timeout; the service stays healthy."""
-    service = start(_fake_config("hanging", timeout="3s"))
+    service = start(fake_config("hanging", timeout="3s"))
     samples = service.wait_for_sweeps("timeout", timeout=30)
     assert samples[("matmul_sweeps_total", frozenset({("result", "success")}))] == 0
     assert service.get("/healthz")[0] == 200
@@ -174,7 +163,7 @@ def test_hung_worker_is_counted_as_timeout_and_daemon_keeps_serving(start: type[
 
 def test_crashed_worker_is_counted_as_failed_and_daemon_keeps_serving(start: type[RunningService]) -> None:
     """A worker that dies of SIGSEGV fails the sweep; the service logs why and keeps serving."""
-    service = start(_fake_config("crashing"))
+    service = start(fake_config("crashing"))
     service.wait_for_sweeps("failed", timeout=30)
     assert service.get("/healthz")[0] == 200
     assert "sweep failed" in service.logs()
@@ -183,7 +172,7 @@ def test_crashed_worker_is_counted_as_failed_and_daemon_keeps_serving(start: typ
 
 def test_failed_gpu_is_down_and_its_series_are_gone(start: type[RunningService]) -> None:
     """A GPU that errors has matmul_device_up 0 and no timings; the CPU's timings stay."""
-    service = start(_fake_config("broken_gpu"))
+    service = start(fake_config("broken_gpu"))
     samples = service.wait_for_sweeps("failed", timeout=30)
     assert set(find(samples, "matmul_device_up", device="/GPU:0").values()) == {0.0}
     assert set(find(samples, "matmul_device_up", device="/CPU:0").values()) == {1.0}
@@ -193,7 +182,7 @@ def test_failed_gpu_is_down_and_its_series_are_gone(start: type[RunningService])
 
 def test_a_fatally_failed_device_is_not_retried(start: type[RunningService]) -> None:
     """A configured device that does not exist fails fatally once; later sweeps report it without retrying."""
-    config = _fake_config("curve").replace("interval: 1h", "interval: 2s")
+    config = fake_config(interval="2s")
     config = config.replace("  timeout: 30s", "  timeout: 30s\n  devices: ['/CPU:0', '/GPU:7']")
     service = start(config)
     samples = service.wait_for_sweeps("failed", count=2, timeout=60)
@@ -205,7 +194,7 @@ def test_a_fatally_failed_device_is_not_retried(start: type[RunningService]) -> 
 
 def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: type[RunningService]) -> None:
     """SIGTERM during a sweep stops the service, kills the worker's group, and exits 0 in under 10 s."""
-    service = start(_fake_config("slow", timeout="60s"))
+    service = start(fake_config("slow", timeout="60s"))
     service.wait_for(lambda: "sweep started" in service.logs(), 20, "a sweep to start")
     time.sleep(1.5)  # the worker is now inside a one-second block
     children = subprocess.run(["pgrep", "-P", str(service.process.pid)], capture_output=True, text=True, check=False)
@@ -223,7 +212,7 @@ def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: type[RunningServ
 
 def test_taken_port_fails_start_with_exit_3(start: type[RunningService]) -> None:
     """A listen address already in use is reported plainly with the start-up exit code."""
-    first = start(_fake_config("slow", timeout="60s"))
+    first = start(fake_config("slow", timeout="60s"))
     first.wait_for(lambda: first.get("/healthz")[0] == 200, 20, "healthz")
     clash = subprocess.run(
         [sys.executable, "-m", "monitor", "run", "--config", str(first.config), "--listen", f"127.0.0.1:{first.port}"],
