@@ -83,7 +83,7 @@ def _once(settings: Settings, as_json: bool) -> int:
     cancel = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: cancel.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=cancel)
+        outcome = run_sweep(Plan.from_settings(bench, settings.guard), timeout_s=bench.timeout_s, cancel=cancel)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -77,6 +77,20 @@ class BenchmarkSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GuardSettings:
+    """The interference guard: what counts as another program using a GPU or the CPU's cores."""
+
+    enabled: bool = True
+    # Without NVML the guard cannot see other programs on a GPU: then the GPU is not timed.
+    require_nvml: bool = True
+    gpu_max_utilization_pct: float = 10.0  # busier than this before the worker uses it: busy
+    gpu_max_other_processes: int = 0  # more processes of other programs on it than this: busy
+    # Other programs' load on the worker's cores, beyond the cores its threads leave free, in cores.
+    cpu_max_other_cores: float = 0.5
+    retry_interval_s: float = 60.0  # retry busy GPUs this often until measured or the next sweep; 0: off
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     host: str = "0.0.0.0"  # noqa: S104 - an exporter listens on every interface by default
     port: int = DEFAULT_PORT
@@ -91,6 +105,7 @@ class ServerSettings:
 class Settings:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     source: str = "<defaults>"
 
@@ -402,6 +417,40 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     )
 
 
+def _number(low: float, high: float) -> Callable[[Any], float | _Bad]:
+    def convert(value: Any) -> float | _Bad:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return _Bad(f"must be a number, got {_show(value)}")
+        if not low <= value <= high:
+            return _Bad(f"must be between {low:g} and {high:g}, got {value}")
+        return float(value)
+
+    return convert
+
+
+def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
+    section = r.section(data, "guard", "guard")
+    known = {"enabled", "require_nvml", "gpu_max_utilization", "gpu_max_other_processes", "cpu_max_other_cores"}
+    r.reject_unknown(section, known | {"retry_interval"}, "guard")
+    d = GuardSettings()
+    return GuardSettings(
+        enabled=r.get(section, "enabled", "guard.enabled", d.enabled, _boolean),
+        require_nvml=r.get(section, "require_nvml", "guard.require_nvml", d.require_nvml, _boolean),
+        gpu_max_utilization_pct=r.get(
+            section, "gpu_max_utilization", "guard.gpu_max_utilization", d.gpu_max_utilization_pct, _number(0, 100)
+        ),
+        gpu_max_other_processes=r.get(
+            section, "gpu_max_other_processes", "guard.gpu_max_other_processes", d.gpu_max_other_processes, _integer(0)
+        ),
+        cpu_max_other_cores=r.get(
+            section, "cpu_max_other_cores", "guard.cpu_max_other_cores", d.cpu_max_other_cores, _number(0, 4096)
+        ),
+        retry_interval_s=r.get(
+            section, "retry_interval", "guard.retry_interval", d.retry_interval_s, _duration(positive=False)
+        ),
+    )
+
+
 def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
     section = r.section(data, "server", "server")
     r.reject_unknown(section, {"listen"}, "server")
@@ -422,10 +471,11 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     if not isinstance(data, Mapping):
         raise ConfigError(source, [Problem("", f"the top level must be a mapping, got {_show(data)}")])
     r = _Reader(problems)
-    r.reject_unknown(data, {"schedule", "benchmark", "server"}, "")
+    r.reject_unknown(data, {"schedule", "benchmark", "guard", "server"}, "")
     settings = Settings(
         schedule=_read_schedule(r, data),
         benchmark=_read_benchmark(r, data),
+        guard=_read_guard(r, data),
         server=_read_server(r, data),
         source=source,
     )

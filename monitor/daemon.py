@@ -15,7 +15,7 @@ from monitor import systemd
 from monitor.config import Settings
 from monitor.errors import StartupError
 from monitor.metrics import build_registry
-from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.model import ServiceState, SweepOutcome, SweepResult, WithheldReason
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 from monitor.server import MetricsServer
@@ -57,6 +57,7 @@ class Service:
         self._sweep_idle = threading.Event()
         self._sweep_idle.set()
         self._sweep_started: float | None = None
+        self._worker_lock = threading.Lock()
         # Devices whose failure was fatal (e.g. no such device): not retried until a restart.
         self._given_up: set[str] = set()  # devices with a fatal failure: not retried until restart
         schedule = settings.schedule
@@ -101,32 +102,80 @@ class Service:
         return True, "ok"
 
     def _sweep(self) -> None:
+        bench = self._settings.benchmark
+        plan = dataclasses.replace(
+            Plan.from_settings(bench, self._settings.guard), given_up=tuple(sorted(self._given_up))
+        )
+        self._run_worker(plan, retry=False)
+
+    def _retry_busy(self) -> None:
+        """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
+        latest = self._store.read().latest
+        busy = sorted(w.device for w in latest.withheld if w.reason is WithheldReason.GPU_BUSY) if latest else []
+        if not busy or latest is None:
+            return
+        cpus = [d.device for d in latest.devices if d.kind == "cpu"]
+        plan = dataclasses.replace(
+            Plan.from_settings(self._settings.benchmark, self._settings.guard),
+            devices=(*cpus, *busy),
+            given_up=tuple(sorted(self._given_up)),
+        )
+        self._run_worker(plan, retry=True)
+
+    def _run_worker(self, plan: Plan, *, retry: bool) -> None:
         if self._stopping.is_set():
+            return
+        # One worker at a time: a retry never runs beside a sweep; a sweep waits for a retry to end.
+        if not self._worker_lock.acquire(blocking=not retry):
+            log.info("retry of busy GPUs skipped: a sweep is running")
             return
         self._sweep_idle.clear()
         self._sweep_started = time.monotonic()
         started_at = time.time()
+        what = "retry" if retry else "sweep"
         try:
             bench = self._settings.benchmark
-            log.info("sweep started", extra={"backend": bench.backend, "sizes": len(bench.sizes)})
-            plan = dataclasses.replace(Plan.from_settings(bench), given_up=tuple(sorted(self._given_up)))
+            log.info(f"{what} started", extra={"backend": bench.backend, "devices": plan.devices or "auto"})
             outcome = run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
-            self._store.record(outcome)
             self._give_up_on_fatal(outcome)
             fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
-            if outcome.result is SweepResult.SUCCESS:
-                log.info("sweep finished", extra=fields)
+            if retry:
+                fields["result"] = self._store.record_retry(outcome).value
+                log.info("retry finished", extra=fields)
             else:
-                log.error("sweep failed", extra={**fields, "reason": outcome.reason})
+                self._store.record(outcome)
+                if outcome.result is SweepResult.SUCCESS:
+                    log.info("sweep finished", extra=fields)
+                else:
+                    log.error("sweep failed", extra={**fields, "reason": outcome.reason})
+            self._schedule_retry()
         except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
-            log.exception("sweep crashed")
+            log.exception(f"{what} crashed")
             reason = f"internal error: {type(exc).__name__}: {exc}"
-            self._store.record(
-                SweepOutcome(result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=reason)
+            failed = SweepOutcome(
+                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=reason
             )
+            if retry:
+                self._store.record_retry(failed)
+            else:
+                self._store.record(failed)
         finally:
             self._sweep_started = None
             self._sweep_idle.set()
+            self._worker_lock.release()
+
+    def _schedule_retry(self) -> None:
+        """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""
+        interval = self._settings.guard.retry_interval_s
+        latest = self._store.read().latest
+        if interval <= 0 or latest is None or self._stopping.is_set():
+            return
+        if not any(w.reason is WithheldReason.GPU_BUSY for w in latest.withheld):
+            return
+        due = self._scheduler.next_run_at()
+        if due is not None and due - time.time() <= interval:
+            return  # the next sweep comes first and times them anyway
+        self._scheduler.run_later(self._retry_busy, interval)
 
     def _give_up_on_fatal(self, outcome: SweepOutcome) -> None:
         failures = outcome.snapshot.failures if outcome.snapshot is not None else ()

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from monitor import __version__
-from monitor.model import CrossoverState, ServiceState, SweepResult
+from monitor.model import CrossoverState, ServiceState, Snapshot, SweepResult
 
 Registry = CollectorRegistry  # for modules that hold a registry without importing prometheus_client
 
@@ -39,6 +39,46 @@ SWEEP_DURATION = "matmul_sweep_duration_seconds"
 SWEEPS = "matmul_sweeps"  # exposed as matmul_sweeps_total
 NEXT_SWEEP = "matmul_sweep_next_timestamp_seconds"
 BUILD_INFO = "matmul_monitor_build_info"
+# The interference guard and what the hardware looked like while it was timed.
+DEVICE_WITHHELD = "matmul_device_withheld"
+DEVICE_MEASURED_AT = "matmul_device_measured_timestamp_seconds"
+CROSSOVER_DERIVED_AT = "matmul_crossover_timestamp_seconds"
+RETRIES = "matmul_busy_retries"  # exposed as matmul_busy_retries_total
+GPU_SM_CLOCK_MIN = "matmul_gpu_sm_clock_min_hertz"
+GPU_SM_CLOCK_MAX = "matmul_gpu_sm_clock_max_hertz"
+GPU_CLOCK_EVENT = "matmul_gpu_clock_event"
+GPU_TEMPERATURE_MAX = "matmul_gpu_temperature_max_celsius"
+GPU_POWER_MAX = "matmul_gpu_power_max_watts"
+GPU_PCIE_GENERATION = "matmul_gpu_pcie_link_generation"
+GPU_PCIE_GENERATION_MAX = "matmul_gpu_pcie_link_generation_max"
+GPU_PCIE_WIDTH = "matmul_gpu_pcie_link_width"
+GPU_PCIE_WIDTH_MAX = "matmul_gpu_pcie_link_width_max"
+GPU_OTHER_PROCESSES = "matmul_gpu_other_processes"
+CPU_OTHER_LOAD = "matmul_cpu_other_load_cores"
+CPU_THROTTLED = "matmul_cpu_throttled_seconds"
+
+# Hardware context gauges: (name, help, the HardwareContext field).
+HARDWARE_GAUGES = (
+    (
+        GPU_SM_CLOCK_MIN,
+        "Lowest SM clock seen after the GPU's points in the sweep its timings come from",
+        "sm_clock_min_hz",
+    ),
+    (GPU_SM_CLOCK_MAX, "The GPU's maximum SM clock", "sm_clock_max_hz"),
+    (GPU_TEMPERATURE_MAX, "Highest GPU temperature seen while it was timed", "temperature_max_c"),
+    (GPU_POWER_MAX, "Highest GPU power draw seen while it was timed", "power_max_w"),
+    (GPU_PCIE_GENERATION, "Lowest PCIe link generation seen while the GPU was timed", "pcie_generation_min"),
+    (GPU_PCIE_GENERATION_MAX, "The PCIe link generation the GPU and its slot can reach", "pcie_generation_max"),
+    (GPU_PCIE_WIDTH, "Narrowest PCIe link width (lanes) seen while the GPU was timed", "pcie_width_min"),
+    (GPU_PCIE_WIDTH_MAX, "The PCIe link width the GPU and its slot can reach", "pcie_width_max"),
+    (GPU_OTHER_PROCESSES, "Most processes of other programs seen on the GPU while it was timed", "other_processes_max"),
+    (
+        CPU_OTHER_LOAD,
+        "Other processes' load on the worker's cores while the CPU was timed, in cores",
+        "other_cpu_cores",
+    ),
+    (CPU_THROTTLED, "Time the container's CPU quota throttled the worker while the CPU was timed", "cpu_throttled_s"),
+)
 
 POINT_LABELS = ["backend", "device", "dtype", "mode", "size"]
 CROSSOVER_LABELS = ["backend", "gpu", "cpu", "dtype", "mode"]
@@ -69,6 +109,12 @@ EXPOSED_NAMES = frozenset(
         SWEEPS + "_total",
         NEXT_SWEEP,
         BUILD_INFO,
+        DEVICE_WITHHELD,
+        DEVICE_MEASURED_AT,
+        CROSSOVER_DERIVED_AT,
+        RETRIES + "_total",
+        GPU_CLOCK_EVENT,
+        *(name for name, _, _ in HARDWARE_GAUGES),
     }
 )
 
@@ -105,6 +151,10 @@ class StateCollector(Collector):
         for result in SweepResult:
             sweeps.add_metric([result.value], state.count(result))
         yield sweeps
+        retries = CounterMetricFamily(RETRIES, "Retries of GPUs withheld as busy, by how they ended", labels=["result"])
+        for retry, count in state.retries:
+            retries.add_metric([retry.value], count)
+        yield retries
         if state.last_outcome is not None:
             yield GaugeMetricFamily(
                 SWEEP_DURATION, "How long the latest sweep took", value=state.last_outcome.duration_s
@@ -118,10 +168,14 @@ class StateCollector(Collector):
         latest = state.latest
         if latest is None:
             return
-        latest_sweep = state.last_outcome.snapshot if state.last_outcome is not None else None
-        measured = latest_sweep.measured_devices if latest_sweep is not None else frozenset()
+        # Up unless it failed: a device withheld as busy works (its timings are carried over), and a
+        # sweep whose worker died measured nothing, so every device is down.
+        completed = state.last_outcome is not None and state.last_outcome.snapshot is not None
+        failed = {f.device for f in latest.failures if f.point is None}
         up = GaugeMetricFamily(
-            DEVICE_UP, "1 if the device was measured in the latest sweep, else 0", labels=["backend", "device"]
+            DEVICE_UP,
+            "1 if the device was measured, or withheld as busy, in the latest sweep; 0 if it failed",
+            labels=["backend", "device"],
         )
         info = GaugeMetricFamily(
             DEVICE_INFO,
@@ -142,7 +196,7 @@ class StateCollector(Collector):
                 ],
                 1,
             )
-            up.add_metric([device.backend, device.device], 1 if device.device in measured else 0)
+            up.add_metric([device.backend, device.device], 1 if completed and device.device not in failed else 0)
         for failure in latest.failures:
             if failure.point is None and (failure.backend, failure.device) not in seen:
                 seen.add((failure.backend, failure.device))
@@ -155,6 +209,43 @@ class StateCollector(Collector):
         )
         bench.add_metric([self._build_labels["backend"], *(environment.get(k, "") for k in ENVIRONMENT_LABELS)], 1)
         yield bench
+        yield from self._guard_metrics(latest)
+
+    def _guard_metrics(self, latest: Snapshot) -> Iterator[Metric]:
+        labels = ["backend", "device"]
+        withheld = GaugeMetricFamily(
+            DEVICE_WITHHELD,
+            "1 if the device's timings of the latest sweep were withheld: other work was (or may have been) on it",
+            labels=[*labels, "reason"],
+        )
+        for w in latest.withheld:
+            withheld.add_metric([w.backend, w.device, w.reason.value], 1)
+        yield withheld
+        backends = {d.device: d.backend for d in latest.devices}
+        measured_at = GaugeMetricFamily(
+            DEVICE_MEASURED_AT,
+            "When the device's served timings were measured (older while it is withheld)",
+            labels=labels,
+        )
+        for device, when in latest.measured_at:
+            measured_at.add_metric([backends.get(device, ""), device], when)
+        yield measured_at
+        events = GaugeMetricFamily(
+            GPU_CLOCK_EVENT,
+            "1 for each clock-event (throttle) reason seen while the GPU was timed",
+            labels=[*labels, "reason"],
+        )
+        for h in latest.hardware:
+            for reason in h.clock_events:
+                events.add_metric([h.backend, h.device, reason], 1)
+        yield events
+        for name, help_text, attribute in HARDWARE_GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=labels)
+            for h in latest.hardware:
+                value = getattr(h, attribute)
+                if value is not None:
+                    gauge.add_metric([h.backend, h.device], float(value))
+            yield gauge
 
     def _point_metrics(self, state: ServiceState) -> Iterator[Metric]:
         if state.latest is None:
@@ -197,8 +288,13 @@ class StateCollector(Collector):
         )
         ci_lower = GaugeMetricFamily(CROSSOVER_CI_LOWER, "Lower 95% confidence bound of n*", labels=CROSSOVER_LABELS)
         ci_upper = GaugeMetricFamily(CROSSOVER_CI_UPPER, "Upper 95% confidence bound of n*", labels=CROSSOVER_LABELS)
+        derived_at = GaugeMetricFamily(
+            CROSSOVER_DERIVED_AT, "When the sweep the served crossover comes from ended", labels=CROSSOVER_LABELS
+        )
         for c in state.latest.crossovers:
             labels = [c.backend, c.gpu, c.cpu, c.dtype, c.mode]
+            if c.derived_at is not None:
+                derived_at.add_metric(labels, c.derived_at)
             if c.size is not None:
                 size.add_metric(labels, c.size)
             if c.lower is not None and c.upper is not None:
@@ -209,7 +305,7 @@ class StateCollector(Collector):
                 ci_upper.add_metric(labels, c.ci_upper)
             for s in CrossoverState:
                 states.add_metric([*labels, s.value], 1 if s is c.state else 0)
-        yield from (size, lower, upper, ci_lower, ci_upper, states)
+        yield from (size, lower, upper, ci_lower, ci_upper, states, derived_at)
 
 
 def build_registry(

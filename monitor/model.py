@@ -32,6 +32,14 @@ class SweepResult(enum.Enum):
     SKIPPED = "skipped"
 
 
+class RetryResult(enum.Enum):
+    """How a retry of GPUs withheld as busy ended; the label values of ``matmul_busy_retries_total``."""
+
+    MEASURED = "measured"
+    BUSY = "busy"  # still (or again) in use by other work
+    FAILED = "failed"
+
+
 class CrossoverState(enum.Enum):
     """Where the GPU stands against the CPU over the measured sizes."""
 
@@ -40,6 +48,16 @@ class CrossoverState(enum.Enum):
     GPU_ALWAYS_FASTER = "gpu_always_faster"
     AMBIGUOUS = "ambiguous"
     NO_GPU = "no_gpu"  # nothing to compare with: no GPU was found or measured
+    # The GPU or the CPU was busy with other work (or disturbed) and nothing earlier can stand in.
+    WITHHELD = "withheld"
+
+
+class WithheldReason(enum.Enum):
+    """Why a device's timings of one sweep were not published: another program was using it."""
+
+    GPU_BUSY = "gpu_busy"  # other processes or utilisation on the GPU before or while it was timed
+    CPU_CONTENDED = "cpu_contended"  # other processes used cores the CPU timing needed
+    UNGUARDED = "unguarded"  # the guard could not look (NVML missing or failing), so it did not time the GPU
 
 
 class StopReason(enum.Enum):
@@ -118,6 +136,7 @@ class Crossover:
     upper: float | None = None
     ci_lower: float | None = None  # 95% bootstrap confidence interval of n*, when it could be computed
     ci_upper: float | None = None
+    derived_at: float | None = None  # when the sweep it comes from ended (older than the latest while carried)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +164,41 @@ class DeviceFailure:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Withheld:
+    """A device whose timings of one sweep were withheld because other work was (or may have been) on it."""
+
+    backend: str
+    device: str
+    reason: WithheldReason
+    detail: str  # what was seen, e.g. "2 other processes (pid 4711 python, pid 4712 ?); 87% utilisation"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HardwareContext:
+    """What a device looked like while it was timed in one sweep: what a drift alert can point at.
+
+    Every field is None where it could not be read. GPU fields come from NVML samples taken after
+    each of its points; ``other_cpu_cores`` is the CPU time other processes used on the cores the
+    worker may run on, in cores, over the CPU's points (the maximum over its points).
+    """
+
+    backend: str
+    device: str
+    sm_clock_min_hz: float | None = None  # the lowest SM clock seen after any of its points
+    sm_clock_max_hz: float | None = None  # the GPU's maximum SM clock
+    clock_events: tuple[str, ...] = ()  # clock-event (throttle) reasons seen, e.g. ("sw_thermal",)
+    temperature_max_c: float | None = None
+    power_max_w: float | None = None
+    pcie_generation_min: int | None = None  # the link as it ran under load
+    pcie_width_min: int | None = None
+    pcie_generation_max: int | None = None  # what the link can do
+    pcie_width_max: int | None = None
+    other_processes_max: int | None = None  # other programs' processes on the GPU, most seen at once
+    other_cpu_cores: float | None = None  # CPU only: other processes' load on our cores
+    cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
+
+
+@dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """The coherent outcome of one completed sweep; never mutated after it is built."""
 
@@ -156,10 +210,19 @@ class Snapshot:
     costs: tuple[CostModel, ...] = ()
     failures: tuple[DeviceFailure, ...] = ()
     environment: tuple[tuple[str, str], ...] = ()  # framework versions, TF32, threads, …
+    withheld: tuple[Withheld, ...] = ()  # devices this sweep did not publish, and why
+    hardware: tuple[HardwareContext, ...] = ()
+    # When each device's served timings were taken: this sweep's end, or an earlier sweep's for a
+    # device whose timings were carried over while it was withheld.
+    measured_at: tuple[tuple[str, float], ...] = ()
 
     @property
     def measured_devices(self) -> frozenset[str]:
         return frozenset(m.key.device for m in self.measurements)
+
+    @property
+    def withheld_devices(self) -> frozenset[str]:
+        return frozenset(w.device for w in self.withheld)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -186,6 +249,7 @@ class ServiceState:
     last_outcome: SweepOutcome | None = None
     sweeps: tuple[tuple[SweepResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in SweepResult))
     next_sweep_at: float | None = None
+    retries: tuple[tuple[RetryResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in RetryResult))
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

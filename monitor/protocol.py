@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from monitor.config import BenchmarkSettings, RefineSettings, TimingSettings
-from monitor.model import DeviceFailure, DeviceInfo, Measurement, Mode, PointKey, StopReason, Timing
+from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
+from monitor.model import (
+    DeviceFailure,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    Mode,
+    PointKey,
+    StopReason,
+    Timing,
+    Withheld,
+    WithheldReason,
+)
 
 
 class ProtocolError(ValueError):
@@ -31,10 +43,12 @@ class Plan:
     skip_cpu_above_speedup: float | None = None
     expect_gpus: int = 0
     given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
+    guard: GuardSettings = dataclasses.field(default_factory=lambda: GuardSettings(enabled=False))
 
     @classmethod
-    def from_settings(cls, bench: BenchmarkSettings) -> Plan:
+    def from_settings(cls, bench: BenchmarkSettings, guard: GuardSettings) -> Plan:
         return cls(
+            guard=guard,
             backend=bench.backend,
             devices=bench.devices,
             sizes=bench.sizes,
@@ -63,6 +77,7 @@ class Plan:
             timing=TimingSettings(**data.pop("timing")),
             refine=RefineSettings(**data.pop("refine")),
             given_up=tuple(data.pop("given_up")),
+            guard=GuardSettings(**data.pop("guard", {"enabled": False})),
             **data,
         )
 
@@ -82,7 +97,7 @@ class Fatal:
     reason: str
 
 
-Message = Environment | DeviceInfo | Measurement | DeviceFailure | Done | Fatal
+Message = Environment | DeviceInfo | Measurement | DeviceFailure | Withheld | HardwareContext | Done | Fatal
 
 
 def encode(message: Message) -> str:
@@ -97,6 +112,10 @@ def encode(message: Message) -> str:
         body = {"type": "measurement", "key": dataclasses.asdict(message.key), "timing": timing, "role": message.role}
     elif isinstance(message, DeviceFailure):
         body = {"type": "failure", **dataclasses.asdict(message)}
+    elif isinstance(message, Withheld):
+        body = {"type": "withheld", **dataclasses.asdict(message), "reason": message.reason.value}
+    elif isinstance(message, HardwareContext):
+        body = {"type": "hardware", **dataclasses.asdict(message)}
     elif isinstance(message, Done):
         body = {"type": "done"}
     else:
@@ -104,28 +123,38 @@ def encode(message: Message) -> str:
     return json.dumps(body, separators=(",", ":"))
 
 
+def _measurement(body: dict[str, Any]) -> Measurement:
+    timing = body["timing"]
+    timing["stop_reason"] = StopReason(timing["stop_reason"])
+    timing["samples_s"] = tuple(timing["samples_s"])
+    return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing), role=body.get("role", "sweep"))
+
+
+def _failure(body: dict[str, Any]) -> DeviceFailure:
+    point = body.pop("point")
+    return DeviceFailure(point=PointKey(**point) if point else None, **body)
+
+
+_DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
+    "environment": lambda body: Environment({str(k): str(v) for k, v in body["values"].items()}),
+    "device": lambda body: DeviceInfo(**{**body, "details": tuple(tuple(pair) for pair in body["details"])}),
+    "measurement": _measurement,
+    "failure": _failure,
+    "withheld": lambda body: Withheld(**{**body, "reason": WithheldReason(body["reason"])}),
+    "hardware": lambda body: HardwareContext(**{**body, "clock_events": tuple(body["clock_events"])}),
+    "done": lambda _: Done(),
+    "fatal": lambda body: Fatal(str(body["reason"])),
+}
+
+
 def decode(line: str) -> Message:
     """The message in one line from the worker; raises ProtocolError for anything else."""
     try:
         body = json.loads(line)
         kind = body.pop("type")
-        if kind == "environment":
-            return Environment({str(k): str(v) for k, v in body["values"].items()})
-        if kind == "device":
-            body["details"] = tuple(tuple(pair) for pair in body["details"])
-            return DeviceInfo(**body)
-        if kind == "measurement":
-            timing = body["timing"]
-            timing["stop_reason"] = StopReason(timing["stop_reason"])
-            timing["samples_s"] = tuple(timing["samples_s"])
-            return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing), role=body.get("role", "sweep"))
-        if kind == "failure":
-            point = body.pop("point")
-            return DeviceFailure(point=PointKey(**point) if point else None, **body)
-        if kind == "done":
-            return Done()
-        if kind == "fatal":
-            return Fatal(str(body["reason"]))
+        decoder = _DECODERS.get(kind)
+        if decoder is not None:
+            return decoder(body)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"malformed worker message {line[:200]!r}: {exc}") from None
     raise ProtocolError(f"unknown worker message type {kind!r}")

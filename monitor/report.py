@@ -7,7 +7,7 @@ import enum
 import json
 from typing import Any
 
-from monitor.model import Crossover, CrossoverState, Measurement, SweepOutcome
+from monitor.model import Crossover, CrossoverState, HardwareContext, Measurement, SweepOutcome
 
 
 def _format_seconds(seconds: float) -> str:
@@ -49,6 +49,7 @@ def _crossover_line(c: Crossover) -> str:
         CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
         CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
         CrossoverState.NO_GPU: "no GPU was measured, so there is nothing to compare the CPU with",
+        CrossoverState.WITHHELD: "withheld: the GPU or the CPU was in use by other work (see 'withheld' below)",
     }[c.state]
     return head + text
 
@@ -93,7 +94,34 @@ def render_table(outcome: SweepOutcome) -> str:
         lines.append("crossovers: none")
     for f in snapshot.failures:
         lines.append(f"failed: {f.device}: {f.reason}")
+    for w in snapshot.withheld:
+        lines.append(f"withheld: {w.device} ({w.reason.value}): {w.detail}")
+    lines += [f"hardware: {h.device}: {_hardware_line(h)}" for h in snapshot.hardware]
     return "\n".join(lines)
+
+
+def _hardware_line(h: HardwareContext) -> str:
+    """What the device looked like while it was timed, in the words of the metrics reference."""
+    parts = []
+    if h.sm_clock_min_hz is not None:
+        top = f" of {h.sm_clock_max_hz / 1e6:.0f}" if h.sm_clock_max_hz is not None else ""
+        parts.append(f"SM clock ≥ {h.sm_clock_min_hz / 1e6:.0f}{top} MHz")
+    if h.clock_events:
+        parts.append(f"clock events {', '.join(h.clock_events)}")
+    if h.temperature_max_c is not None:
+        parts.append(f"≤ {h.temperature_max_c:.0f} °C")
+    if h.power_max_w is not None:
+        parts.append(f"≤ {h.power_max_w:.0f} W")
+    if h.pcie_generation_min is not None and h.pcie_width_min is not None:
+        best = f"gen {h.pcie_generation_max} x{h.pcie_width_max}"
+        parts.append(f"PCIe gen {h.pcie_generation_min} x{h.pcie_width_min} (at best {best})")
+    if h.other_processes_max is not None:
+        parts.append(f"{h.other_processes_max} other processes")
+    if h.other_cpu_cores is not None:
+        parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores")
+    if h.cpu_throttled_s:
+        parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
+    return "; ".join(parts) or "nothing could be read"
 
 
 def _plain(value: Any) -> Any:

@@ -11,11 +11,13 @@ from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExe
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 log = logging.getLogger(__name__)
 
 _JOB_ID = "sweep"
+_RETRY_JOB_ID = "retry"
 _CRONTAB_FIELDS = 5
 _SUNDAY_AS_SEVEN = 7  # crontab accepts 7 for Sunday as well as 0
 # A cron expression that fires less than once in this long is almost certainly a mistake.
@@ -135,6 +137,18 @@ class SweepScheduler:
             next_run_time=dt.datetime.now(dt.UTC),
         )
         self._scheduler.start()
+
+    def run_later(self, job: Callable[[], None], delay_s: float) -> None:
+        """Run ``job`` once, ``delay_s`` from now (replacing one already waiting); e.g. a retry of busy GPUs."""
+        when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay_s)
+        self._scheduler.add_job(
+            job,
+            DateTrigger(run_date=when, timezone=dt.UTC),
+            id=_RETRY_JOB_ID,
+            replace_existing=True,
+            max_instances=1,
+            misfire_grace_time=None,
+        )
 
     def shutdown(self) -> None:
         """Stop scheduling; a sweep in progress is stopped by its own cancel event, not here."""

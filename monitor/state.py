@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.carry import merge
+from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
 
 
 class StateStore:
@@ -28,10 +29,27 @@ class StateStore:
             state = self._counted(self._state, outcome.result)
             changes: dict[str, object] = {"last_outcome": outcome}
             if outcome.snapshot is not None:
-                changes["latest"] = outcome.snapshot
+                changes["latest"] = merge(state.latest, outcome.snapshot)
             if outcome.result is SweepResult.SUCCESS:
                 changes["last_success_at"] = outcome.finished_at
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+    def record_retry(self, outcome: SweepOutcome) -> RetryResult:
+        """A retry of busy GPUs: what it measured is laid over the served snapshot; counted apart from sweeps."""
+        with self._lock:
+            state = self._state
+            snapshot = outcome.snapshot
+            if snapshot is None or outcome.result is not SweepResult.SUCCESS:
+                result = RetryResult.FAILED
+            elif snapshot.withheld:
+                result = RetryResult.BUSY
+            else:
+                result = RetryResult.MEASURED
+            changes: dict[str, object] = {"retries": tuple((r, n + 1 if r is result else n) for r, n in state.retries)}
+            if snapshot is not None and state.latest is not None:
+                changes["latest"] = merge(state.latest, snapshot, partial=True)
+            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+            return result
 
     def record_skipped(self) -> None:
         with self._lock:

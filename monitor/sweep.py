@@ -17,12 +17,23 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import IO, Protocol
 
 from monitor.costs import cost_models
 from monitor.crossover import crossovers
-from monitor.model import DeviceFailure, DeviceInfo, Measurement, Snapshot, SweepOutcome, SweepResult
+from monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceFailure,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    Snapshot,
+    SweepOutcome,
+    SweepResult,
+    Withheld,
+)
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,8 @@ class SubprocessWorker:
     def __init__(self, plan: Plan) -> None:
         worker_env = dict(os.environ)
         worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter off unless asked
+        # CUDA's ordinals in NVML's (PCI) order, so that the guard looks at the GPU being timed.
+        worker_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
         self._process = subprocess.Popen(
             [sys.executable, "-m", "monitor.bench.worker"],
             stdin=subprocess.PIPE,
@@ -147,6 +160,8 @@ class _Collected:
     devices: list[DeviceInfo] = field(default_factory=list)
     measurements: list[Measurement] = field(default_factory=list)
     failures: list[DeviceFailure] = field(default_factory=list)
+    withheld: list[Withheld] = field(default_factory=list)
+    hardware: list[HardwareContext] = field(default_factory=list)
 
     def add(self, message: Message) -> None:
         if isinstance(message, Environment):
@@ -161,6 +176,13 @@ class _Collected:
                 "device failed" if message.point is None else "point failed",
                 extra={"device": message.device, "reason": message.reason},
             )
+        elif isinstance(message, Withheld):
+            self.withheld.append(message)
+            log.info(
+                "device withheld", extra={"device": message.device, "why": message.reason.value, "seen": message.detail}
+            )
+        elif isinstance(message, HardwareContext):
+            self.hardware.append(message)
 
 
 def _collect(
@@ -190,6 +212,29 @@ def _collect(
         if isinstance(message, Done):
             return None
         collected.add(message)
+
+
+def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
+    """The explicit WITHHELD state for every GPU–CPU pair of which one side was withheld."""
+    withheld = {w.device for w in collected.withheld}
+    failed = {f.device for f in collected.failures if f.point is None}
+    cpus = [d for d in collected.devices if d.kind == "cpu" and d.device not in failed]
+    gpus = [d for d in collected.devices if d.kind == "gpu" and d.device not in failed]
+    return [
+        Crossover(
+            backend=gpu.backend,
+            gpu=gpu.device,
+            cpu=cpu.device,
+            dtype=dtype,
+            mode=mode,
+            state=CrossoverState.WITHHELD,
+        )
+        for gpu in gpus
+        for cpu in cpus
+        if gpu.device in withheld or cpu.device in withheld
+        for dtype in plan.dtypes
+        for mode in plan.modes
+    ]
 
 
 def run_sweep(
@@ -224,23 +269,29 @@ def run_sweep(
     if worker.exit_status(KILL_GRACE_S) is None:
         worker.stop()
     # A device that failed part-way through keeps none of its points: a truncated curve would
-    # give a made-up crossover state, and its series must disappear (its up gauge says 0).
+    # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
+    # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point.
     device_failures = [f for f in collected.failures if f.point is None]
-    failed_devices = {f.device for f in device_failures}
-    measurements = [m for m in collected.measurements if m.key.device not in failed_devices]
+    left_out = {f.device for f in device_failures} | {w.device for w in collected.withheld}
+    measurements = [m for m in collected.measurements if m.key.device not in left_out]
+    finished = clock()
+    derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements)]
     snapshot = Snapshot(
         started_at=started,
-        finished_at=clock(),
+        finished_at=finished,
         devices=tuple(collected.devices),
         measurements=tuple(measurements),
-        crossovers=crossovers(collected.devices, measurements),
+        crossovers=(*derived, *_withheld_crossovers(plan, collected)),
         costs=cost_models(measurements),
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),
+        withheld=tuple(collected.withheld),
+        hardware=tuple(h for h in collected.hardware if h.device not in left_out),
     )
-    result = SweepResult.FAILED if device_failures or not measurements else SweepResult.SUCCESS
+    produced = measurements or collected.withheld
+    result = SweepResult.FAILED if device_failures or not produced else SweepResult.SUCCESS
     reason = "; ".join(f"{f.device}: {f.reason}" for f in device_failures) or (
-        "" if measurements else "no device produced a measurement"
+        "" if produced else "no device produced a measurement"
     )
     return SweepOutcome(
         result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot

@@ -26,6 +26,8 @@ benchmark:
   sizes: [16, 32, 64, 128]
   timeout: {timeout}
   timing: {{size_budget: 200ms, block_time: 2ms, min_blocks: 3}}
+# The fake GPUs have no NVML behind them; the guard's own tests cover it (tests/test_guard.py).
+guard: {{require_nvml: false}}
 """
 
 

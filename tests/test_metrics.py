@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from monitor.metrics import EXPOSED_NAMES, build_registry, render
 from monitor.model import (
     CostModel,
     Crossover,
     CrossoverState,
     DeviceInfo,
+    HardwareContext,
     Measurement,
     PointKey,
     Snapshot,
@@ -15,6 +18,8 @@ from monitor.model import (
     SweepOutcome,
     SweepResult,
     Timing,
+    Withheld,
+    WithheldReason,
 )
 from monitor.state import StateStore
 from tests.service import parse
@@ -147,7 +152,32 @@ def test_skipped_sweeps_are_counted() -> None:
 def test_exposed_names_cover_every_family_rendered() -> None:
     """EXPOSED_NAMES (used by the dashboard and rules tests) lists every name a full scrape contains."""
     store = StateStore()
-    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    snapshot = _snapshot(100)
+    busy = DeviceInfo(backend="tensorflow", device="/GPU:1", kind="gpu", name="NVIDIA H200")
+    snapshot = dataclasses.replace(
+        snapshot,
+        devices=(*snapshot.devices, busy),
+        crossovers=tuple(dataclasses.replace(c, derived_at=100) for c in snapshot.crossovers),
+        withheld=(Withheld(backend="tensorflow", device="/GPU:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
+        hardware=(
+            HardwareContext(
+                backend="tensorflow",
+                device="/GPU:0",
+                sm_clock_min_hz=1.9e9,
+                sm_clock_max_hz=1.98e9,
+                clock_events=("sw_power_cap",),
+                temperature_max_c=60,
+                power_max_w=500,
+                pcie_generation_min=5,
+                pcie_width_min=16,
+                pcie_generation_max=5,
+                pcie_width_max=16,
+                other_processes_max=0,
+            ),
+            HardwareContext(backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0),
+        ),
+    )
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))
     body, content_type = render(_registry(store), None)
     assert content_type.startswith("text/plain")
     names = {name for name, _ in parse(body.decode())}

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.config import BenchmarkSettings
-from monitor.model import DeviceFailure, DeviceInfo, Measurement, PointKey, StopReason, Timing
+from monitor.config import BenchmarkSettings, GuardSettings
+from monitor.model import (
+    DeviceFailure,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    PointKey,
+    StopReason,
+    Timing,
+    Withheld,
+    WithheldReason,
+)
 from monitor.protocol import Done, Environment, Fatal, Plan, ProtocolError, decode, encode
 
 KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end_to_end", size=512)
@@ -32,6 +42,16 @@ KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end
         ),
         DeviceFailure(backend="tensorflow", device="/GPU:0", reason="oom", point=KEY),
         DeviceFailure(backend="tensorflow", device="/GPU:1", reason="gone", fatal=True),
+        Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process"),
+        HardwareContext(
+            backend="torch",
+            device="cuda:0",
+            sm_clock_min_hz=1.98e9,
+            clock_events=("sw_power_cap",),
+            pcie_generation_min=5,
+            other_processes_max=0,
+        ),
+        HardwareContext(backend="torch", device="cpu", other_cpu_cores=0.25, cpu_throttled_s=0.0),
         Done(),
         Fatal("boom"),
     ],
@@ -43,7 +63,9 @@ def test_messages_round_trip(message: object) -> None:
 
 def test_plan_round_trips_from_settings() -> None:
     """The plan built from settings survives the trip to the worker."""
-    plan = Plan.from_settings(BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3))
+    plan = Plan.from_settings(
+        BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3), GuardSettings(cpu_max_other_cores=0.25)
+    )
     assert Plan.from_json(plan.to_json()) == plan
 
 

@@ -1,10 +1,14 @@
-"""Facts about the host CPU that change the answer: usable cores (container quota included) and model."""
+"""Facts about the host CPU that change the answer: usable cores (quota included), model, others' load."""
 
 from __future__ import annotations
 
 import math
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+
+from monitor.bench.guard import HostLoad
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -50,3 +54,82 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     except OSError:
         pass
     return os.uname().machine
+
+
+@dataclass(frozen=True)
+class _Reading:
+    busy_s: float  # CPU time spent on the worker's cores by anyone (steal included)
+    own_s: float  # CPU time of this process, all its threads
+    wall_s: float
+    throttled_s: float
+
+
+class ProcStatMeter:
+    """Other processes' load on this process's cores, from /proc/stat and the cgroup's throttling counters.
+
+    /proc/stat counts in clock ticks, so a short window carries a rounding error of about a tick per
+    core; ``stop`` takes the statistical part of it (√cores ticks) off before reporting.
+    """
+
+    def __init__(self, *, proc_stat: Path = Path("/proc/stat"), root: Path = CGROUP_ROOT) -> None:
+        self._proc_stat = proc_stat
+        self._cores = sorted(os.sched_getaffinity(0))
+        self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+        self._cpu_stat = _cgroup_file(root, "cpu.stat")
+
+    def cores(self) -> int:
+        return len(self._cores)
+
+    def _read(self) -> _Reading:
+        wanted = {f"cpu{core}" for core in self._cores}
+        busy_ticks = 0
+        for line in self._proc_stat.read_text().splitlines():
+            name, *fields = line.split()
+            if name in wanted:
+                # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
+                values = [int(v) for v in fields[:8]]
+                busy_ticks += sum(values) - values[3] - values[4]
+        return _Reading(busy_ticks * self._tick_s, time.process_time(), time.monotonic(), self._throttled_s())
+
+    def _throttled_s(self) -> float:
+        if self._cpu_stat is None:
+            return 0.0
+        try:
+            for line in self._cpu_stat.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "throttled_usec":  # cgroup v2
+                    return int(value) / 1e6
+                if key == "throttled_time":  # cgroup v1, nanoseconds
+                    return int(value) / 1e9
+        except (OSError, ValueError):
+            return 0.0
+        return 0.0
+
+    def start(self) -> object:
+        return self._read()
+
+    def stop(self, started: object) -> HostLoad:
+        if not isinstance(started, _Reading):
+            raise TypeError("stop() takes what start() returned")
+        now = self._read()
+        wall = max(now.wall_s - started.wall_s, 1e-9)
+        others = (now.busy_s - started.busy_s) - (now.own_s - started.own_s)
+        rounding = math.sqrt(len(self._cores)) * self._tick_s
+        return HostLoad(
+            other_cores=max(0.0, others - rounding) / wall, throttled_s=max(0.0, now.throttled_s - started.throttled_s)
+        )
+
+
+def _cgroup_file(root: Path, name: str, proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> Path | None:
+    """This process's cgroup file ``name`` (v2 unified, else the v1 cpu controller's), if there is one."""
+    candidates = []
+    try:
+        for line in proc_self_cgroup.read_text().splitlines():
+            number, controllers, path = line.split(":", 2)
+            if number == "0":
+                candidates.append(root / path.lstrip("/") / name)
+            elif "cpu" in controllers.split(","):
+                candidates.append(root / "cpu" / path.lstrip("/") / name)
+    except (OSError, ValueError):
+        return None
+    return next((c for c in candidates if c.is_file()), None)

@@ -12,7 +12,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from monitor.bench.contract import Backend
+from monitor.bench.guard import Guard
 from monitor.bench.timing import Clock, measure
+from monitor.config import GuardSettings
 from monitor.crossover import find_crossover
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
@@ -23,6 +25,8 @@ from monitor.model import (
     Mode,
     PointKey,
     Role,
+    Timing,
+    Withheld,
     canonical_device,
 )
 from monitor.protocol import Environment, Message, Plan
@@ -67,18 +71,20 @@ class _Session:
     backend: Backend
     emit: Emit
     clock: Clock
+    guard: Guard
     failed: set[str] = field(default_factory=set)
+    withheld: set[str] = field(default_factory=set)  # busy or disturbed: nothing more is timed on it
     medians: dict[tuple[str, str, Mode, int], float] = field(default_factory=dict)
     probes: set[tuple[str, str, Mode, int]] = field(default_factory=set)  # not part of the crossover
 
     def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
         """Time one point (once per sweep) and emit it; None if it could not be timed."""
         cached = self.medians.get((device.device, dtype, mode, size))
-        if cached is not None or device.device in self.failed:
+        if cached is not None or device.device in self.failed or device.device in self.withheld:
             return cached
         key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
         try:
-            timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
+            timing = self._guarded(device, size, dtype, mode)
         except MeasurementFailed as exc:
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), point=key))
             return None
@@ -91,9 +97,7 @@ class _Session:
             reason = f"unexpected {type(exc).__name__} from the backend: {exc}"
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=reason))
             return None
-        if not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock or backend
-            reason = f"impossible median {timing.median_s!r} s at n={size}"
-            self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=reason, point=key))
+        if timing is None:  # withheld: another program was using the device
             return None
         self.medians[(device.device, dtype, mode, size)] = timing.median_s
         if role == "probe":
@@ -101,14 +105,39 @@ class _Session:
         self.emit(Measurement(key=key, timing=timing, role=role))
         return timing.median_s
 
+    def _guarded(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> Timing | None:
+        """Time one point under the interference guard; None (and the device withheld) if it was disturbed."""
+        run = self.backend.prepare(device, size, dtype, mode)
+        if device.kind == "gpu":
+            verdict = self.guard.before_gpu_point(device)
+            timing = measure(run, self.plan.timing, self.clock) if verdict is None else None
+            verdict = verdict or self.guard.after_gpu_point(device)
+        else:
+            timings: list[Timing] = []
+            threads = int(dict(device.details).get("threads", "0")) or 1
+            verdict = self.guard.time_cpu_point(
+                device, threads, lambda: timings.append(measure(run, self.plan.timing, self.clock))
+            )
+            timing = timings[-1]
+        if verdict is not None:
+            self.withhold(verdict)
+            return None
+        if timing is not None and not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock
+            raise MeasurementFailed(device.device, f"n={size}", f"impossible median {timing.median_s!r} s at n={size}")
+        return timing
+
+    def withhold(self, verdict: Withheld) -> None:
+        self.withheld.add(verdict.device)
+        self.emit(verdict)
+
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
         cpu_time = self.medians.get((cpu.device, dtype, mode, size))
         gpu_time = self.medians.get((gpu.device, dtype, mode, size))
         return cpu_time / gpu_time if cpu_time is not None and gpu_time is not None else None
 
 
-def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
-    """Time every (dtype, mode, size, device) of the plan; a failed device is left out from then on.
+def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guard | None = None) -> None:
+    """Time every (dtype, mode, size, device) of the plan; a failed or withheld device is left out from then on.
 
     Sizes are the outer loop over devices so that the CPU and GPU timings of one size are taken
     close together in time, and drift on the host affects both alike.
@@ -125,7 +154,8 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
             "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
         )
         emit(DeviceFailure(backend=backend.name, device=f"expected-gpu-{index}", reason=reason))
-    session = _Session(plan, backend, emit, clock)
+    guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
+    session = _Session(plan, backend, emit, clock, guard)
     refine_deadline = None
     for dtype in plan.dtypes:
         for mode in plan.modes:
@@ -136,6 +166,8 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock) -> None:
             if plan.refine.enabled:
                 refine_deadline = refine_deadline or clock() + plan.refine.budget_s
                 _refine(session, devices, dtype, mode, refine_deadline)
+    for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
+        emit(context)
 
 
 def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
@@ -151,7 +183,10 @@ def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode:
         if factor is None or streak >= 2 or not gpus:  # noqa: PLR2004
             continue
         ratios = [
-            session.speedup(c, g, dtype, mode, size) for c in cpus for g in gpus if g.device not in session.failed
+            session.speedup(c, g, dtype, mode, size)
+            for c in cpus
+            for g in gpus
+            if g.device not in session.failed | session.withheld
         ]
         far = bool(ratios) and all(r is not None and r >= factor for r in ratios)
         streak = streak + 1 if far else 0

@@ -12,9 +12,11 @@ import time
 from typing import TextIO
 
 from monitor.bench.contract import BackendOptions
-from monitor.bench.hostinfo import usable_cpus
+from monitor.bench.guard import GpuProbe, Guard, GuardUnavailable
+from monitor.bench.hostinfo import ProcStatMeter, usable_cpus
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
+from monitor.config import GuardSettings
 from monitor.errors import MonitorError
 from monitor.protocol import Done, Fatal, Message, Plan, encode
 
@@ -25,6 +27,27 @@ def _claim_stdout() -> TextIO:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     return channel
+
+
+def build_guard(settings: GuardSettings) -> Guard:
+    """The guard with NVML (when it can start) and the host's load meter."""
+    probe: GpuProbe | None = None
+    problem = ""
+    if settings.enabled:
+        from monitor.bench.nvml import NvmlProbe  # noqa: PLC0415 - only a guarded worker loads NVML
+
+        try:
+            probe = NvmlProbe()
+        except GuardUnavailable as exc:
+            problem = str(exc)
+    return Guard(
+        settings,
+        gpu_probe=probe,
+        gpu_probe_problem=problem,
+        host=ProcStatMeter(),
+        own_pid=os.getpid(),
+        sleep=time.sleep,
+    )
 
 
 def main() -> int:
@@ -41,7 +64,7 @@ def main() -> int:
     options = BackendOptions(tf32=plan.tf32, cpu_threads=plan.cpu_threads or usable_cpus())
     try:
         backend = load_backend(plan.backend, options)
-        run_plan(plan, backend, emit, time.perf_counter)
+        run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard))
     except MonitorError as exc:
         emit(Fatal(str(exc)))
         return 1

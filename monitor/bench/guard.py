@@ -1,0 +1,270 @@
+"""The interference guard: keeps the worker off GPUs and cores that other programs are using.
+
+A GPU is looked at (through a ``GpuProbe``, NVML in production) before and after each of its
+points: another program's process on it, or utilisation while this worker is not using it,
+makes it busy, and its points of this sweep are withheld. The CPU's points are timed inside a
+window over which the host's load from other processes is measured (``HostMeter``); a point
+during which others used cores the worker's threads needed is timed again once, then withheld.
+Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
+
+Pure apart from the probes, clock and sleep it is given, so that tests drive it with fakes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from monitor.config import GuardSettings
+from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
+
+CPU_RETRY_PAUSE_S = 1.0  # a disturbed CPU point is timed again after this pause (a burst may have passed)
+
+
+class GuardUnavailable(Exception):
+    """The guard cannot look at a device (NVML missing, failing, or the device not found in it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuProcess:
+    pid: int
+    name: str = "?"  # the command name where this process's /proc can see it
+    visible: bool = True  # False: the pid is not in this process's PID namespace (a container)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSample:
+    """One look at a GPU; None where the GPU or driver does not say."""
+
+    processes: tuple[GpuProcess, ...]
+    utilization_pct: float | None = None
+    sm_clock_hz: float | None = None
+    sm_clock_max_hz: float | None = None
+    clock_events: tuple[str, ...] = ()
+    temperature_c: float | None = None
+    power_w: float | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_generation_max: int | None = None
+    pcie_width_max: int | None = None
+
+
+class GpuProbe(Protocol):
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        """Look at the GPU behind ``device`` now; raises GuardUnavailable if it cannot."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What other processes did on the worker's cores over a window."""
+
+    other_cores: float  # their CPU time over the window's wall time, in cores
+    throttled_s: float  # time the container's CPU quota throttled this cgroup
+
+
+class HostMeter(Protocol):
+    def start(self) -> object:
+        """An opaque reading to pass to ``stop``."""
+        ...
+
+    def stop(self, started: object) -> HostLoad: ...
+
+    def cores(self) -> int:
+        """The cores the worker may run on."""
+        ...
+
+
+@dataclass
+class _GpuRecord:
+    timed: bool = False  # this worker ran a point on it in this sweep
+    samples: list[GpuSample] = field(default_factory=list)
+    others_max: int = 0
+
+
+@dataclass
+class _CpuRecord:
+    other_cores_max: float = 0.0
+    throttled_s: float = 0.0
+
+
+class Guard:
+    """Decides, from what the probes see, whether a point may be timed and whether it stands."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        *,
+        gpu_probe: GpuProbe | None,
+        gpu_probe_problem: str = "",
+        host: HostMeter | None,
+        own_pid: int,
+        sleep: Callable[[float], None],
+    ) -> None:
+        self._settings = settings
+        self._gpu_probe = gpu_probe
+        self._gpu_probe_problem = gpu_probe_problem
+        self._host = host
+        self._own_pid = own_pid
+        self._sleep = sleep
+        self._gpus: dict[str, _GpuRecord] = {}
+        self._cpus: dict[str, _CpuRecord] = {}
+
+    # --- GPUs -------------------------------------------------------------------------------
+
+    def before_gpu_point(self, device: DeviceInfo) -> Withheld | None:
+        """None if the GPU may be timed now; otherwise why it may not."""
+        return self._look(device, before=True)
+
+    def after_gpu_point(self, device: DeviceInfo) -> Withheld | None:
+        """None if nobody else came while the point was timed; otherwise why the point cannot stand."""
+        self._gpus.setdefault(device.device, _GpuRecord()).timed = True
+        return self._look(device, before=False)
+
+    def _look(self, device: DeviceInfo, *, before: bool) -> Withheld | None:
+        if not self._settings.enabled:
+            return None
+        if self._gpu_probe is None:
+            return self._unguarded(device, self._gpu_probe_problem)
+        try:
+            sample = self._gpu_probe.sample(device)
+        except GuardUnavailable as exc:
+            return self._unguarded(device, str(exc))
+        record = self._gpus.setdefault(device.device, _GpuRecord())
+        if not before:
+            record.samples.append(sample)
+        others = self._other_processes(sample)
+        record.others_max = max(record.others_max, len(others))
+        seen: list[str] = []
+        if len(others) > self._settings.gpu_max_other_processes:
+            names = ", ".join(f"pid {p.pid} {p.name}" for p in others[:5])
+            seen.append(f"{len(others)} other process{'es' if len(others) != 1 else ''} ({names})")
+        # Utilisation says who only when this worker is not the one using the GPU: before its first point.
+        utilization = sample.utilization_pct
+        if (
+            before
+            and not record.timed
+            and utilization is not None
+            and utilization > self._settings.gpu_max_utilization_pct
+        ):
+            seen.append(f"{sample.utilization_pct:g}% utilisation before this worker used it")
+        if not seen:
+            return None
+        when = "before its point" if before else "while it was timed"
+        detail = f"{'; '.join(seen)} {when}"
+        return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.GPU_BUSY, detail=detail)
+
+    def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
+        """Processes of other programs: all but this worker's.
+
+        NVML names processes by their host PID. In a container with its own PID namespace the
+        worker cannot find itself among them (their pids are not in its /proc): there one hidden
+        process is taken to be the worker's own context, and only the rest count. A job already on
+        the GPU is then noticed after the GPU's first point, when the worker's context joins it.
+        """
+        others = [p for p in sample.processes if p.pid != self._own_pid]
+        hidden = [p for p in others if not p.visible]
+        if hidden:
+            others.remove(hidden[0])
+        return others
+
+    def _unguarded(self, device: DeviceInfo, problem: str) -> Withheld | None:
+        if not self._settings.require_nvml:
+            return None
+        detail = (
+            f"the guard cannot see whether other programs use this GPU ({problem}); set guard.require_nvml: false "
+            "to time GPUs unguarded"
+        )
+        return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.UNGUARDED, detail=detail)
+
+    # --- the CPU ----------------------------------------------------------------------------
+
+    def time_cpu_point(self, device: DeviceInfo, threads: int, measure: Callable[[], object]) -> Withheld | None:
+        """Run ``measure`` (one CPU point) under the host meter; retry once if others disturbed it.
+
+        Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
+        beyond that, one of its threads shares a core with them and every parallel call waits for it.
+        """
+        if not self._settings.enabled or self._host is None:
+            measure()
+            return None
+        allowed = max(0, self._host.cores() - threads) + self._settings.cpu_max_other_cores
+        record = self._cpus.setdefault(device.device, _CpuRecord())
+        load = HostLoad(0.0, 0.0)
+        for attempt in range(2):
+            if attempt:
+                self._sleep(CPU_RETRY_PAUSE_S)
+            started = self._host.start()
+            measure()
+            load = self._host.stop(started)
+            record.throttled_s += load.throttled_s
+            if load.other_cores <= allowed and load.throttled_s == 0:
+                record.other_cores_max = max(record.other_cores_max, load.other_cores)
+                return None
+        record.other_cores_max = max(record.other_cores_max, load.other_cores)
+        problems = []
+        if load.other_cores > allowed:
+            problems.append(
+                f"other processes used {load.other_cores:.2f} cores of the {self._host.cores()} this worker may use, "
+                f"where its {threads} threads leave room for {allowed:.2f}"
+            )
+        if load.throttled_s > 0:
+            problems.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
+        detail = "; ".join(problems) + " (timed twice)"
+        return Withheld(
+            backend=device.backend, device=device.device, reason=WithheldReason.CPU_CONTENDED, detail=detail
+        )
+
+    # --- what the hardware looked like ------------------------------------------------------
+
+    def contexts(self, devices: Sequence[DeviceInfo]) -> list[HardwareContext]:
+        """One context per device that was timed under the guard."""
+        found = []
+        for device in devices:
+            gpu = self._gpus.get(device.device)
+            if gpu is not None and gpu.samples:
+                found.append(_gpu_context(device, gpu))
+            cpu = self._cpus.get(device.device)
+            if cpu is not None:
+                found.append(
+                    HardwareContext(
+                        backend=device.backend,
+                        device=device.device,
+                        other_cpu_cores=cpu.other_cores_max,
+                        cpu_throttled_s=cpu.throttled_s,
+                    )
+                )
+        return found
+
+
+def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
+    samples = record.samples
+
+    def lowest(values: Sequence[float | int | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return min(present) if present else None
+
+    def highest(values: Sequence[float | int | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    generation, width = lowest([s.pcie_generation for s in samples]), lowest([s.pcie_width for s in samples])
+    generation_max, width_max = (
+        highest([s.pcie_generation_max for s in samples]),
+        highest([s.pcie_width_max for s in samples]),
+    )
+    return dataclasses.replace(
+        HardwareContext(backend=device.backend, device=device.device),
+        sm_clock_min_hz=lowest([s.sm_clock_hz for s in samples]),
+        sm_clock_max_hz=highest([s.sm_clock_max_hz for s in samples]),
+        clock_events=tuple(sorted({reason for s in samples for reason in s.clock_events})),
+        temperature_max_c=highest([s.temperature_c for s in samples]),
+        power_max_w=highest([s.power_w for s in samples]),
+        pcie_generation_min=int(generation) if generation is not None else None,
+        pcie_width_min=int(width) if width is not None else None,
+        pcie_generation_max=int(generation_max) if generation_max is not None else None,
+        pcie_width_max=int(width_max) if width_max is not None else None,
+        other_processes_max=record.others_max,
+    )

@@ -1,0 +1,144 @@
+"""The guard's eyes on NVIDIA GPUs: NVML through nvidia-ml-py (the only module that imports pynvml).
+
+A framework's GPU is found in NVML by the UUID or PCI bus id its backend reports, else by its
+ordinal (the worker sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA's ordinals follow NVML's
+order) translated through ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from monitor.bench.guard import GpuProcess, GpuSample, GuardUnavailable
+from monitor.model import DeviceInfo
+
+try:
+    import pynvml
+except ImportError:  # nvidia-ml-py absent: the probe says so when created
+    pynvml = None
+
+# NVML's clock-event (formerly "throttle") reason bits, named as nvidia-smi names them.
+CLOCK_EVENTS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+_MHZ = 1e6
+_MILLIWATT = 1e-3
+
+
+def clock_event_names(mask: int) -> tuple[str, ...]:
+    """The reasons set in an NVML clock-event mask (``gpu_idle`` left out: it is no slowdown)."""
+    return tuple(name for bit, name in CLOCK_EVENTS.items() if mask & bit and name != "gpu_idle")
+
+
+def nvml_index(device: DeviceInfo, visible: str | None) -> int | str:
+    """The NVML index (or a GPU UUID) of a framework GPU named like 'cuda:1', '/GPU:1' or 'gpu:1'."""
+    match = re.search(r"(\d+)$", device.device)
+    if match is None:
+        raise GuardUnavailable(f"cannot tell which GPU {device.device!r} is")
+    ordinal = int(match.group(1))
+    if visible is None:
+        return ordinal
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if ordinal >= len(entries):
+        raise GuardUnavailable(f"{device.device} is not in CUDA_VISIBLE_DEVICES={visible!r}")
+    entry = entries[ordinal]
+    if entry.isdigit():
+        return int(entry)
+    if entry.startswith("GPU-"):
+        return entry
+    raise GuardUnavailable(f"cannot find CUDA_VISIBLE_DEVICES entry {entry!r} in NVML (MIG devices are not guarded)")
+
+
+def _process(pid: int, proc: Path) -> GpuProcess:
+    try:
+        name = (proc / str(pid) / "comm").read_text().strip()
+    except OSError:
+        return GpuProcess(pid=pid, visible=(proc / str(pid)).exists())
+    return GpuProcess(pid=pid, name=name)
+
+
+class NvmlProbe:
+    """Samples GPUs through NVML; creating one raises GuardUnavailable if NVML cannot be used."""
+
+    def __init__(self, *, environ: Mapping[str, str] = os.environ, proc: Path = Path("/proc")) -> None:
+        if pynvml is None:
+            raise GuardUnavailable("nvidia-ml-py is not installed")
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise GuardUnavailable(f"NVML did not start: {exc}") from None
+        self._environ = environ
+        self._proc = proc
+        self._handles: dict[str, Any] = {}
+
+    def _handle(self, device: DeviceInfo) -> Any:
+        if device.device in self._handles:
+            return self._handles[device.device]
+        details = dict(device.details)
+        try:
+            if details.get("uuid"):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(details["uuid"])
+            elif details.get("pci_bus_id"):
+                handle = pynvml.nvmlDeviceGetHandleByPciBusId(details["pci_bus_id"])
+            else:
+                index = nvml_index(device, self._environ.get("CUDA_VISIBLE_DEVICES"))
+                if isinstance(index, str):
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(index)
+                else:
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            raise GuardUnavailable(f"NVML cannot find {device.device}: {exc}") from None
+        self._handles[device.device] = handle
+        return handle
+
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        handle = self._handle(device)
+        try:
+            processes = [
+                *pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+                *pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle),
+            ]
+        except pynvml.NVMLError as exc:
+            raise GuardUnavailable(f"NVML cannot list the processes on {device.device}: {exc}") from None
+        pids = sorted({p.pid for p in processes})
+
+        def read(call: Callable[..., Any], *args: Any) -> Any:
+            """One reading; None where this GPU or driver does not support it."""
+            try:
+                return call(handle, *args)
+            except pynvml.NVMLError:
+                return None
+
+        utilization = read(pynvml.nvmlDeviceGetUtilizationRates)
+        sm_clock = read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
+        sm_clock_max = read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
+        events = read(
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        )
+        power = read(pynvml.nvmlDeviceGetPowerUsage)
+        return GpuSample(
+            processes=tuple(_process(pid, self._proc) for pid in pids),
+            utilization_pct=float(utilization.gpu) if utilization is not None else None,
+            sm_clock_hz=sm_clock * _MHZ if sm_clock is not None else None,
+            sm_clock_max_hz=sm_clock_max * _MHZ if sm_clock_max is not None else None,
+            clock_events=clock_event_names(int(events)) if events is not None else (),
+            temperature_c=read(pynvml.nvmlDeviceGetTemperature, pynvml.NVML_TEMPERATURE_GPU),
+            power_w=power * _MILLIWATT if power is not None else None,
+            pcie_generation=read(pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+            pcie_width=read(pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+            pcie_generation_max=read(pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
+            pcie_width_max=read(pynvml.nvmlDeviceGetMaxPcieLinkWidth),
+        )

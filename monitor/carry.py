@@ -1,0 +1,60 @@
+"""Pure: the snapshot to serve, when a sweep could not time every device because others were using some.
+
+A device withheld as busy keeps its last good timings, costs, hardware context and crossovers,
+each with the time it was measured, instead of losing its series or showing disturbed figures.
+A retry that times only the busy GPUs (and the CPU to compare them with) is laid over the served
+snapshot the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from monitor.model import Crossover, CrossoverState, Snapshot
+
+
+def _key(c: Crossover) -> tuple[str, str, str, str, str]:
+    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
+
+
+def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) -> Snapshot:
+    """``new`` with what it did not measure carried over from ``previous`` (the snapshot served until now).
+
+    A full sweep carries over only its withheld devices; a partial one (a retry of busy GPUs) carries
+    over every device it did not time. A device that failed in ``new`` is never carried: its series go.
+    """
+    measured_at = dict.fromkeys(new.measured_devices, new.finished_at)
+    if previous is None:
+        return replace(new, measured_at=tuple(sorted(measured_at.items())))
+    failed = {f.device for f in new.failures if f.point is None}
+    known = {d.device for d in previous.devices} if partial else new.withheld_devices
+    carried = known - new.measured_devices - failed
+    previous_at = dict(previous.measured_at)
+    measured_at.update({d: previous_at[d] for d in carried if d in previous_at})
+
+    previous_crossovers = {_key(c): c for c in previous.crossovers}
+    crossovers = {
+        _key(c): previous_crossovers.get(_key(c), c) if c.state is CrossoverState.WITHHELD else c
+        for c in new.crossovers
+    }
+    if partial:
+        crossovers = {
+            **previous_crossovers,
+            **{k: c for k, c in crossovers.items() if c.state is not CrossoverState.WITHHELD},
+        }
+        crossovers = {k: c for k, c in crossovers.items() if c.gpu not in failed and c.cpu not in failed}
+    withheld = new.withheld
+    if partial:
+        settled = new.measured_devices | failed | new.withheld_devices
+        withheld = tuple(w for w in previous.withheld if w.device not in settled) + new.withheld
+    return replace(
+        previous if partial else new,
+        started_at=new.started_at if not partial else previous.started_at,
+        measurements=new.measurements + tuple(m for m in previous.measurements if m.key.device in carried),
+        costs=new.costs + tuple(c for c in previous.costs if c.device in carried),
+        hardware=new.hardware + tuple(h for h in previous.hardware if h.device in carried),
+        crossovers=tuple(crossovers.values()),
+        failures=new.failures + (tuple(f for f in previous.failures if f.device in carried) if partial else ()),
+        withheld=withheld,
+        measured_at=tuple(sorted(measured_at.items())),
+    )
