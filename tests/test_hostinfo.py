@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.bench.hostinfo import cgroup_cpu_limit, cpu_model, usable_cpus
+from monitor.bench.hostinfo import cgroup_cpu_limit, cpu_model, default_cpu_threads, usable_cpus
 
 
 def _cgroup_v2(tmp_path: Path, content: str) -> tuple[Path, Path]:
@@ -56,3 +56,12 @@ def test_cpu_model_is_read_from_cpuinfo(tmp_path: Path) -> None:
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Example CPU @ 3.00GHz\n")
     assert cpu_model(cpuinfo) == "Example CPU @ 3.00GHz"
     assert cpu_model(tmp_path / "absent") == os.uname().machine
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (3, 3), (4, 3), (16, 15), (32, 31)])
+def test_auto_threads_leave_a_core_to_the_node_from_four_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cores: int, threads: int
+) -> None:
+    """cpu_threads auto: one usable core is left to the node's other work once there are four."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cores)))
+    assert default_cpu_threads(tmp_path) == threads

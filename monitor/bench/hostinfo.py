@@ -45,6 +45,22 @@ def usable_cpus(root: Path = CGROUP_ROOT) -> int:
     return max(1, cores)
 
 
+# From this many usable cores on, "auto" leaves one of them to the rest of the node.
+_SPARE_A_CORE_FROM = 4
+
+
+def default_cpu_threads(root: Path = CGROUP_ROOT) -> int:
+    """The framework threads for ``cpu_threads: auto``: the usable cores, less one for the node's other work.
+
+    With a thread on every core, one core that another process keeps busy stalls every parallel call
+    by a scheduler slice (8 ms per call at any size with 16 threads on 16 vCPUs; 15 threads were
+    unaffected, benchmarks/results/cpu-gap-h200-2026-12-01.log). On two or three cores one is too much
+    to give away: there the guard withholds a disturbed point instead.
+    """
+    cores = usable_cpus(root)
+    return cores - 1 if cores >= _SPARE_A_CORE_FROM else cores
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's marketing name, or the machine architecture when it cannot be read."""
     try:

@@ -114,8 +114,9 @@ def _compute_block(where: jax.Device, what: str, a: jax.Array, b: jax.Array) -> 
 
     def run(calls: int) -> jax.Array:
         with _failures(where, what):
-            for _ in range(calls):
-                c = matmul(a, b)
+            for _ in range(calls - 1):  # each product but the last dropped at once, as in user code
+                matmul(a, b)
+            c = matmul(a, b)
             # Dispatch is asynchronous, and a device runs its computations in order: the last done, all are.
             c.block_until_ready()
         _check_placement(where, c)
@@ -131,9 +132,11 @@ def _end_to_end_block(
 
     def run(calls: int) -> _HostArray:
         with _failures(where, what):
-            for _ in range(calls):
-                c = matmul(jax.device_put(a_host, where), jax.device_put(b_host, where))
-                result = np.asarray(c)  # the result back in host memory; blocks until it is there
+            # Each result but the last is dropped at once: two live host results fault in fresh pages every call.
+            for _ in range(calls - 1):
+                np.asarray(matmul(jax.device_put(a_host, where), jax.device_put(b_host, where)))
+            c = matmul(jax.device_put(a_host, where), jax.device_put(b_host, where))
+            result = np.asarray(c)  # the result back in host memory; blocks until it is there
         _check_placement(where, c)
         return result
 

@@ -107,12 +107,15 @@ class _Session:
 
     def _guarded(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> Timing | None:
         """Time one point under the interference guard; None (and the device withheld) if it was disturbed."""
-        run = self.backend.prepare(device, size, dtype, mode)
         if device.kind == "gpu":
+            # Looked at before anything is allocated on it: a busy GPU gets no operands either.
             verdict = self.guard.before_gpu_point(device)
-            timing = measure(run, self.plan.timing, self.clock) if verdict is None else None
-            verdict = verdict or self.guard.after_gpu_point(device)
+            timing = None
+            if verdict is None:
+                timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
+                verdict = self.guard.after_gpu_point(device)
         else:
+            run = self.backend.prepare(device, size, dtype, mode)
             timings: list[Timing] = []
             threads = int(dict(device.details).get("threads", "0")) or 1
             verdict = self.guard.time_cpu_point(

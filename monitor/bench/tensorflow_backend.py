@@ -114,8 +114,9 @@ def _compute_block(where: str, what: str, a: tf.Tensor, b: tf.Tensor) -> Callabl
 
     def run(calls: int) -> tf.Tensor:
         with _failures(where, what), tf.device(where):
-            for _ in range(calls):
-                c = tf.matmul(a, b)
+            for _ in range(calls - 1):  # each product but the last dropped at once, as in user code
+                tf.matmul(a, b)
+            c = tf.matmul(a, b)
             tf.test.experimental.sync_devices()  # GPU ops return when queued; wait for them
         _check_placement(where, c)
         return c
@@ -128,12 +129,14 @@ def _end_to_end_block(
 ) -> Callable[[int], npt.NDArray[np.generic]]:
     def run(calls: int) -> npt.NDArray[np.generic]:
         with _failures(where, what):
-            for _ in range(calls):
-                with tf.device(where):
-                    # An eager constant is created on the device in scope: one copy from host memory
-                    # per operand (identity() would add an op dispatch, and on the CPU a second copy).
-                    c = tf.matmul(tf.constant(a_host), tf.constant(b_host))
-                result: npt.NDArray[np.generic] = c.numpy()  # the result back in host memory; blocks until it is there
+            with tf.device(where):
+                # An eager constant is created on the device in scope: one copy from host memory per
+                # operand (identity() would add an op dispatch, and on the CPU a second copy). Each result
+                # but the last is dropped at once: two live host results fault in fresh pages every call.
+                for _ in range(calls - 1):
+                    tf.matmul(tf.constant(a_host), tf.constant(b_host)).numpy()
+                c = tf.matmul(tf.constant(a_host), tf.constant(b_host))
+            result: npt.NDArray[np.generic] = c.numpy()  # the result back in host memory; blocks until it is there
         _check_placement(where, c)
         return result
 

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from monitor.bench.contract import BackendOptions
 from monitor.bench.guard import GpuProbe, Guard, GuardUnavailable
-from monitor.bench.hostinfo import ProcStatMeter, usable_cpus
+from monitor.bench.hostinfo import ProcStatMeter, default_cpu_threads
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.config import GuardSettings
@@ -61,7 +61,7 @@ def main() -> int:
     except (ValueError, TypeError, KeyError) as exc:
         emit(Fatal(f"the worker could not read its plan: {exc}"))
         return 1
-    options = BackendOptions(tf32=plan.tf32, cpu_threads=plan.cpu_threads or usable_cpus())
+    options = BackendOptions(tf32=plan.tf32, cpu_threads=plan.cpu_threads or default_cpu_threads())
     try:
         backend = load_backend(plan.backend, options)
         run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard))

@@ -1,0 +1,423 @@
+"""The interference guard: busy GPUs are never timed or published, disturbed CPU points are withheld.
+
+The GPU side runs the real runner and sweep against a fake NVML (``FakeProbe``) whose answers are
+scripted per look; the CPU side against a fake host meter, and once for real with another process
+spinning on a core of this machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.hostinfo import ProcStatMeter
+from monitor.bench.runner import run_plan
+from monitor.carry import merge
+from monitor.config import GuardSettings
+from monitor.model import (
+    CrossoverState,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    SweepResult,
+    Withheld,
+    WithheldReason,
+)
+from monitor.protocol import Message, Plan
+from monitor.state import StateStore
+from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
+from tests.conftest import make_plan
+from tests.fakes import CurveBackend
+
+OWN_PID = 1000
+IDLE = GpuSample(processes=(GpuProcess(pid=OWN_PID),), utilization_pct=0.0, sm_clock_hz=1.98e9)
+JOB = GpuProcess(pid=4242, name="train.py")
+
+
+class FakeProbe:
+    """A fake NVML: ``script(look_number)`` says what the GPU looks like at each look."""
+
+    def __init__(self, script: Callable[[int], GpuSample]) -> None:
+        self.script = script
+        self.looks = 0
+
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        self.looks += 1
+        return self.script(self.looks)
+
+
+class FailingProbe:
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
+
+
+class CountingBackend(CurveBackend):
+    """The known curves, counting the blocks run on each device."""
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        self.blocks: dict[str, int] = {}
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        run = super().prepare(device, size, dtype, mode)
+
+        def counted(calls: int) -> object:
+            self.blocks[device.device] = self.blocks.get(device.device, 0) + 1
+            return run(calls)
+
+        return counted
+
+
+class FakeHost:
+    """Other processes' load, per timed CPU window, from a list (the last value repeats)."""
+
+    def __init__(self, loads: list[float], cores: int = 4) -> None:
+        self.loads = loads
+        self.windows = 0
+        self._cores = cores
+
+    def cores(self) -> int:
+        return self._cores
+
+    def start(self) -> object:
+        return None
+
+    def stop(self, started: object) -> HostLoad:
+        load = self.loads[min(self.windows, len(self.loads) - 1)]
+        self.windows += 1
+        return HostLoad(other_cores=load, throttled_s=0.0)
+
+
+def _guard(probe: object | None, host: FakeHost | None = None, **settings: object) -> Guard:
+    sleeps: list[float] = []
+    return Guard(
+        GuardSettings(**settings),  # type: ignore[arg-type]
+        gpu_probe=probe,  # type: ignore[arg-type]
+        gpu_probe_problem="nvidia-ml-py is not installed",
+        host=host,
+        own_pid=OWN_PID,
+        sleep=sleeps.append,
+    )
+
+
+def _run(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
+    backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+    messages: list[Message] = []
+    run_plan(plan or make_plan("fake", modes=("compute",)), backend, messages.append, time.perf_counter, guard)
+    return backend, messages
+
+
+def _withheld(messages: list[Message]) -> list[Withheld]:
+    return [m for m in messages if isinstance(m, Withheld)]
+
+
+def _timed(messages: list[Message], device: str) -> list[Measurement]:
+    return [m for m in messages if isinstance(m, Measurement) and m.key.device == device]
+
+
+def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
+    """A job already on the GPU: not one block runs there, and the reason names its process."""
+    probe = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), JOB)))
+    backend, messages = _run(_guard(probe))
+    (withheld,) = _withheld(messages)
+    assert withheld.device == "/GPU:0"
+    assert withheld.reason is WithheldReason.GPU_BUSY
+    assert "pid 4242 train.py" in withheld.detail
+    assert "/GPU:0" not in backend.blocks
+    assert _timed(messages, "/CPU:0")  # the CPU is still measured
+
+
+def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
+    """Utilisation above gpu_max_utilization before the worker used the GPU means someone else is."""
+    probe = FakeProbe(lambda _: dataclasses.replace(IDLE, utilization_pct=87.0))
+    backend, messages = _run(_guard(probe, gpu_max_utilization_pct=10))
+    (withheld,) = _withheld(messages)
+    assert "87% utilisation" in withheld.detail
+    assert "/GPU:0" not in backend.blocks
+
+
+def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
+    """Once the worker has timed the GPU, utilisation is its own and is not held against it."""
+    probe = FakeProbe(lambda look: dataclasses.replace(IDLE, utilization_pct=0.0 if look == 1 else 100.0))
+    _, messages = _run(_guard(probe))
+    assert not _withheld(messages)
+    assert _timed(messages, "/GPU:0")
+
+
+def test_job_appearing_mid_sweep_withholds_the_gpu_from_that_point_on() -> None:
+    """A process that appears after some points stops further timing and is reported as seen while timed."""
+    # Looks alternate before/after each point: the job shows up at the look after the third point.
+    probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
+    backend, messages = _run(_guard(probe))
+    (withheld,) = _withheld(messages)
+    assert "while it was timed" in withheld.detail
+    assert backend.blocks["/GPU:0"] > 0
+    assert len(_timed(messages, "/GPU:0")) == 2  # the third point was timed but is not emitted
+    assert probe.looks == 6  # and the GPU is not looked at (or timed) again
+
+
+class _ThreadWorker:
+    """The real runner on a thread, behind the Worker protocol the sweep reads."""
+
+    def __init__(self, plan: Plan, guard: Guard) -> None:
+        self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
+        backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+
+        def work() -> None:
+            from monitor.protocol import Done  # noqa: PLC0415
+
+            run_plan(plan, backend, self._messages.put, time.perf_counter, guard)
+            self._messages.put(Done())
+            self._messages.put(END_OF_STREAM)
+
+        self._thread = threading.Thread(target=work, daemon=True)
+        self._thread.start()
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        try:
+            return self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self) -> int | None:
+        return 0
+
+    def exit_status(self, timeout: float) -> int | None:
+        self._thread.join(timeout)
+        return 0
+
+    def diagnostics(self) -> str:
+        return ""
+
+
+def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, object]:
+    plan = plan or make_plan("fake", modes=("compute",))
+    guard = _guard(FakeProbe(script))
+    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: _ThreadWorker(p, guard))
+    return outcome.result, outcome
+
+
+def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> None:
+    """Points timed before the job appeared are dropped too; the crossover says withheld, not a number."""
+    _, outcome = _sweep(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
+    snapshot = outcome.snapshot  # type: ignore[attr-defined]
+    assert outcome.result is SweepResult.SUCCESS  # type: ignore[attr-defined]  # busy is not a failure
+    assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
+    assert {c.state for c in snapshot.crossovers} == {CrossoverState.WITHHELD}
+    assert snapshot.withheld_devices == {"/GPU:0"}
+    assert not any(h.device == "/GPU:0" for h in snapshot.hardware)
+
+
+def test_a_busy_gpu_keeps_its_last_good_timings_with_their_age() -> None:
+    """The served snapshot carries the GPU's previous timings, crossover and measurement time over."""
+    store = StateStore()
+    _, good = _sweep(lambda _: IDLE)
+    store.record(good)  # type: ignore[arg-type]
+    first = store.read().latest
+    assert first is not None
+    _, busy = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    store.record(busy)  # type: ignore[arg-type]
+    served = store.read().latest
+    assert served is not None
+    gpu_then = {m.key.size: m.timing.median_s for m in first.measurements if m.key.device == "/GPU:0"}
+    gpu_now = {m.key.size: m.timing.median_s for m in served.measurements if m.key.device == "/GPU:0"}
+    assert gpu_now == gpu_then
+    assert dict(served.measured_at)["/GPU:0"] == dict(first.measured_at)["/GPU:0"]
+    assert dict(served.measured_at)["/CPU:0"] > dict(first.measured_at)["/CPU:0"]
+    (crossover,) = served.crossovers
+    assert crossover.state is CrossoverState.FOUND
+    assert crossover.derived_at == first.finished_at
+    assert served.withheld_devices == {"/GPU:0"}
+
+
+def test_a_retry_that_measures_the_gpu_replaces_what_was_carried() -> None:
+    """A retry of only the busy GPU (and the CPU) is laid over the served snapshot; nothing stays withheld."""
+    store = StateStore()
+    for script in (lambda _: IDLE, lambda _: dataclasses.replace(IDLE, processes=(JOB,))):
+        store.record(_sweep(script)[1])  # type: ignore[arg-type]
+    before = store.read().latest
+    assert before is not None
+    _, retry = _sweep(lambda _: IDLE, make_plan("fake", modes=("compute",), devices=("/CPU:0", "/GPU:0")))
+    assert store.record_retry(retry).value == "measured"  # type: ignore[arg-type]
+    served = store.read().latest
+    assert served is not None
+    assert not served.withheld
+    assert dict(served.measured_at)["/GPU:0"] > dict(before.measured_at)["/GPU:0"]
+    assert dict(store.read().retries)[store.record_retry(retry)] >= 1  # type: ignore[arg-type]
+
+
+def test_merge_drops_a_device_that_failed() -> None:
+    """A device that failed in the new sweep is never carried over: its series go."""
+    _, good = _sweep(lambda _: IDLE)
+    snapshot = good.snapshot  # type: ignore[attr-defined]
+    from monitor.model import DeviceFailure  # noqa: PLC0415
+
+    failed = dataclasses.replace(
+        snapshot,
+        measurements=tuple(m for m in snapshot.measurements if m.key.device != "/GPU:0"),
+        failures=(DeviceFailure(backend="fake", device="/GPU:0", reason="lost"),),
+        withheld=(),
+    )
+    served = merge(snapshot, failed)
+    assert {m.key.device for m in served.measurements} == {"/CPU:0"}
+
+
+@pytest.mark.parametrize("probe", [None, FailingProbe()], ids=["nvml-missing", "nvml-failing"])
+def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: object | None) -> None:
+    """NVML missing or failing: a clear state and reason, never a crash and never an unguarded timing."""
+    backend, messages = _run(_guard(probe))
+    (withheld,) = _withheld(messages)
+    assert withheld.reason is WithheldReason.UNGUARDED
+    assert "guard.require_nvml: false" in withheld.detail
+    assert "/GPU:0" not in backend.blocks
+
+
+def test_require_nvml_false_times_gpus_unguarded() -> None:
+    """The operator's explicit choice: without NVML the GPU is timed anyway."""
+    _, messages = _run(_guard(None, require_nvml=False))
+    assert not _withheld(messages)
+    assert _timed(messages, "/GPU:0")
+
+
+def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> None:
+    """NVML's host PIDs are not in a container's /proc: one hidden process is the worker's, a second is a job."""
+    own = GpuProcess(pid=77001, visible=False)
+    job = GpuProcess(pid=77002, visible=False)
+    _, alone = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
+    assert not _withheld(alone)
+    _, shared = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
+    assert _withheld(shared)
+
+
+def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -> None:
+    """What the GPU looked like while it was timed: min SM clock, clock events, PCIe link."""
+
+    def script(look: int) -> GpuSample:
+        slow = look == 4  # the look after the second point
+        return dataclasses.replace(
+            IDLE,
+            sm_clock_hz=1.2e9 if slow else 1.98e9,
+            sm_clock_max_hz=1.98e9,
+            clock_events=("sw_thermal_slowdown",) if slow else (),
+            pcie_generation=4 if slow else 5,
+            pcie_generation_max=5,
+            pcie_width=16,
+            pcie_width_max=16,
+        )
+
+    from monitor.model import HardwareContext  # noqa: PLC0415
+
+    _, messages = _run(_guard(FakeProbe(script)))
+    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    assert gpu.sm_clock_min_hz == 1.2e9
+    assert gpu.clock_events == ("sw_thermal_slowdown",)
+    assert (gpu.pcie_generation_min, gpu.pcie_generation_max) == (4, 5)
+
+
+def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
+    """Others used a core the worker's threads needed, in the first try and the retry: withheld."""
+    host = FakeHost([1.0], cores=4)
+    guard = _guard(FakeProbe(lambda _: IDLE), host)
+    device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    runs: list[int] = []
+    verdict = guard.time_cpu_point(device, 4, lambda: runs.append(1))
+    assert verdict is not None
+    assert verdict.reason is WithheldReason.CPU_CONTENDED
+    assert "1.00 cores" in verdict.detail
+    assert len(runs) == 2
+
+
+def test_cpu_point_disturbed_once_stands_after_its_retry() -> None:
+    """A burst that passed: the retry was clean, so the point stands."""
+    guard = _guard(None, FakeHost([1.0, 0.0]))
+    device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    assert guard.time_cpu_point(device, 4, lambda: None) is None
+    assert CPU_RETRY_PAUSE_S > 0
+
+
+def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
+    """With 2 threads on 4 cores, another process on one core disturbs nothing."""
+    guard = _guard(None, FakeHost([1.2], cores=4))
+    device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    assert guard.time_cpu_point(device, 2, lambda: None) is None
+
+
+def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:
+    """The real meter: a busy child process shows up as about one core of others' load."""
+    meter = ProcStatMeter()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        started = meter.start()
+        time.sleep(1.0)
+        load = meter.stop(started)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert 0.6 < load.other_cores < 1.5
+
+
+def test_proc_stat_meter_does_not_count_this_process() -> None:
+    """This process's own busy loop is not others' load."""
+    meter = ProcStatMeter()
+    started = meter.start()
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:
+        pass
+    assert meter.stop(started).other_cores < 0.5
+
+
+@pytest.mark.slow
+def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path) -> None:
+    """The real worker with another process spinning on a core: each CPU point is within 10% of idle, or withheld."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "benchmark: {backend: torch, devices: [cpu], sizes: [128, 256], modes: [compute], refine: {enabled: false}}\n"
+    )
+
+    def once() -> dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, "-m", "monitor", "once", "--json", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)["snapshot"]  # type: ignore[no-any-return]
+
+    def medians(snapshot: dict[str, object]) -> dict[int, float]:
+        return {
+            m["key"]["size"]: m["timing"]["median_s"]  # type: ignore[index]
+            for m in snapshot["measurements"]  # type: ignore[attr-defined]
+            if m["role"] == "sweep"  # type: ignore[index]
+        }
+
+    idle = medians(once())
+    assert set(idle) == {128, 256}
+    spinner = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
+    try:
+        busy = once()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    withheld = [w for w in busy["withheld"] if w["device"] == "cpu"]  # type: ignore[attr-defined]
+    if withheld:
+        assert withheld[0]["reason"] == "cpu_contended"
+        assert not medians(busy)
+        return
+    for size, seconds in medians(busy).items():
+        assert abs(seconds / idle[size] - 1) <= 0.10, (size, seconds, idle[size])
+    assert os.cpu_count()
