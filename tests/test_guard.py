@@ -31,6 +31,7 @@ from monitor.model import (
     DeviceInfo,
     Measurement,
     Mode,
+    RetryResult,
     SweepResult,
     Withheld,
     WithheldReason,
@@ -38,7 +39,7 @@ from monitor.model import (
 from monitor.protocol import Message, Plan
 from monitor.state import StateStore
 from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
-from tests.conftest import make_plan
+from tests.conftest import free_port, make_plan
 from tests.fakes import CurveBackend
 
 OWN_PID = 1000
@@ -421,3 +422,43 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
     for size, seconds in medians(busy).items():
         assert abs(seconds / idle[size] - 1) <= 0.10, (size, seconds, idle[size])
     assert os.cpu_count()
+
+
+def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
+    """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
+    from monitor.config import settings_from_mapping  # noqa: PLC0415
+    from monitor.daemon import Service  # noqa: PLC0415
+
+    busy = dataclasses.replace(IDLE, processes=(JOB,))
+    launches: list[Plan] = []
+
+    def launch(plan: Plan) -> _ThreadWorker:
+        launches.append(plan)
+        script = (lambda _: busy) if len(launches) == 1 else (lambda _: IDLE)  # the job ends before the retry
+        return _ThreadWorker(plan, _guard(FakeProbe(script)))
+
+    settings = settings_from_mapping(
+        {
+            "schedule": {"interval": "1h"},
+            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"]},
+            "guard": {"retry_interval": "1s"},
+            "server": {"listen": f"127.0.0.1:{free_port()}"},
+        }
+    )
+    service = Service(settings, launch=launch)  # type: ignore[arg-type]
+    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
+            time.sleep(0.1)
+        state = service.read_state()
+    finally:
+        service.stop()
+        thread.join(10)
+    assert dict(state.retries)[RetryResult.MEASURED] == 1
+    assert launches[1].devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
+    assert state.latest is not None
+    assert not state.latest.withheld
+    assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
+    assert state.count(SweepResult.SUCCESS) == 1  # a retry is not counted as a sweep
