@@ -85,6 +85,9 @@ class GuardSettings:
     require_nvml: bool = True
     gpu_max_utilization_pct: float = 10.0  # busier than this before the worker uses it: busy
     gpu_max_other_processes: int = 0  # more processes of other programs on it than this: busy
+    # A process that holds at most this much GPU memory and ran no kernel in the last second is a
+    # stray context (a framework opens one on GPU 0 by default), not a job: it does not count.
+    gpu_idle_process_max_mib: int = 1024
     # Other programs' load on the worker's cores, beyond the cores its threads leave free, in cores.
     cpu_max_other_cores: float = 0.5
     retry_interval_s: float = 60.0  # retry busy GPUs this often until measured or the next sweep; 0: off
@@ -431,6 +434,7 @@ def _number(low: float, high: float) -> Callable[[Any], float | _Bad]:
 def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
     section = r.section(data, "guard", "guard")
     known = {"enabled", "require_nvml", "gpu_max_utilization", "gpu_max_other_processes", "cpu_max_other_cores"}
+    known |= {"gpu_idle_process_max_mib"}
     r.reject_unknown(section, known | {"retry_interval"}, "guard")
     d = GuardSettings()
     return GuardSettings(
@@ -441,6 +445,13 @@ def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
         ),
         gpu_max_other_processes=r.get(
             section, "gpu_max_other_processes", "guard.gpu_max_other_processes", d.gpu_max_other_processes, _integer(0)
+        ),
+        gpu_idle_process_max_mib=r.get(
+            section,
+            "gpu_idle_process_max_mib",
+            "guard.gpu_idle_process_max_mib",
+            d.gpu_idle_process_max_mib,
+            _integer(0),
         ),
         cpu_max_other_cores=r.get(
             section, "cpu_max_other_cores", "guard.cpu_max_other_cores", d.cpu_max_other_cores, _number(0, 4096)

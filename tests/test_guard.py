@@ -302,6 +302,15 @@ def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> Non
     assert _withheld(shared)
 
 
+def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
+    """Where the worker finds itself, a process hidden from its /proc (systemd ProtectProc) is another program."""
+    hidden_job = GpuProcess(pid=77002, visible=False)
+    _, messages = _run(
+        _guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
+    )
+    assert _withheld(messages)
+
+
 def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -> None:
     """What the GPU looked like while it was timed: min SM clock, clock events, PCIe link."""
 
@@ -356,18 +365,23 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
 
 
 def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:
-    """The real meter: a busy child process shows up as about one core of others' load."""
+    """The real meter: a busy child process adds about one core to others' load."""
     meter = ProcStatMeter()
+
+    def others_over_a_second() -> float:
+        started = meter.start()
+        time.sleep(1.0)
+        return meter.stop(started).other_cores
+
+    quiet = others_over_a_second()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.3)
-        started = meter.start()
-        time.sleep(1.0)
-        load = meter.stop(started)
+        busy = others_over_a_second()
     finally:
         spinner.kill()
         spinner.wait()
-    assert 0.6 < load.other_cores < 1.5
+    assert 0.6 < busy - quiet < 1.4, (quiet, busy)
 
 
 def test_proc_stat_meter_does_not_count_this_process() -> None:
@@ -462,3 +476,38 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     assert not state.latest.withheld
     assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
     assert state.count(SweepResult.SUCCESS) == 1  # a retry is not counted as a sweep
+
+
+@pytest.mark.parametrize(
+    ("memory_mib", "sm_pct", "busy"),
+    [(500, 0.0, False), (4096, 0.0, True), (500, 30.0, True), (500, None, True), (None, 0.0, True)],
+    ids=["stray-context", "idle-job-holding-memory", "running-kernels", "no-samples", "memory-unknown"],
+)
+def test_only_an_idle_small_context_of_another_program_is_ignored(
+    memory_mib: int | None, sm_pct: float | None, *, busy: bool
+) -> None:
+    """A framework's stray context on GPU 0 is no job; idle memory-holding jobs and unknowns still count."""
+    other = GpuProcess(
+        pid=4242,
+        used_memory_bytes=memory_mib * 2**20 if memory_mib is not None else None,
+        sm_utilization_pct=sm_pct,
+    )
+    _, messages = _run(
+        _guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
+    )
+    assert bool(_withheld(messages)) is busy
+
+
+def test_nvml_index_follows_cuda_visible_devices() -> None:
+    """Framework ordinals map through CUDA_VISIBLE_DEVICES to NVML indices or UUIDs; MIG is refused clearly."""
+    from monitor.bench.nvml import clock_event_names, nvml_index  # noqa: PLC0415
+
+    gpu = DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200")
+    assert nvml_index(gpu, None) == 1
+    assert nvml_index(gpu, "3,5") == 5
+    assert nvml_index(gpu, "GPU-aaa,GPU-bbb") == "GPU-bbb"
+    with pytest.raises(GuardUnavailable, match="MIG"):
+        nvml_index(gpu, "0,MIG-xyz")
+    with pytest.raises(GuardUnavailable, match="not in CUDA_VISIBLE_DEVICES"):
+        nvml_index(gpu, "0")
+    assert clock_event_names(0x1 | 0x4 | 0x40) == ("sw_power_cap", "hw_thermal_slowdown")

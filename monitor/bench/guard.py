@@ -32,6 +32,14 @@ class GpuProcess:
     pid: int
     name: str = "?"  # the command name where this process's /proc can see it
     visible: bool = True  # False: the pid is not in this process's PID namespace (a container)
+    used_memory_bytes: int | None = None  # None: the driver does not say
+    # Its SM utilisation over the last second from NVML's per-process samples; None: not known.
+    sm_utilization_pct: float | None = None
+
+    def idle_below(self, max_bytes: int) -> bool:
+        """A stray context: no kernel in the last second and no more memory than ``max_bytes``."""
+        memory, busy = self.used_memory_bytes, self.sm_utilization_pct
+        return busy is not None and busy == 0 and memory is not None and memory <= max_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,14 +169,16 @@ class Guard:
 
         NVML names processes by their host PID. In a container with its own PID namespace the
         worker cannot find itself among them (their pids are not in its /proc): there one hidden
-        process is taken to be the worker's own context, and only the rest count. A job already on
+        process is taken to be the worker's own context, and only the rest count. Where it finds
+        itself, every other process counts, hidden or not (systemd's ProtectProc hides other users'). A job already on
         the GPU is then noticed after the GPU's first point, when the worker's context joins it.
         """
         others = [p for p in sample.processes if p.pid != self._own_pid]
         hidden = [p for p in others if not p.visible]
-        if hidden:
-            others.remove(hidden[0])
-        return others
+        if hidden and len(others) == len(sample.processes):  # it did not find itself: a PID namespace apart
+            others.remove(min(hidden, key=lambda p: p.used_memory_bytes or 0))  # the worker's: the smallest
+        stray = self._settings.gpu_idle_process_max_mib * 2**20
+        return [p for p in others if not p.idle_below(stray)]
 
     def _unguarded(self, device: DeviceInfo, problem: str) -> Withheld | None:
         if not self._settings.require_nvml:

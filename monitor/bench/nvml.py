@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,17 @@ def nvml_index(device: DeviceInfo, visible: str | None) -> int | str:
     raise GuardUnavailable(f"cannot find CUDA_VISIBLE_DEVICES entry {entry!r} in NVML (MIG devices are not guarded)")
 
 
-def _process(pid: int, proc: Path) -> GpuProcess:
+_SAMPLES_WINDOW_US = 1_000_000  # per-process utilisation over the last second
+
+
+def _process(pid: int, memory: int | None, utilization: float | None, proc: Path) -> GpuProcess:
     try:
         name = (proc / str(pid) / "comm").read_text().strip()
     except OSError:
-        return GpuProcess(pid=pid, visible=(proc / str(pid)).exists())
-    return GpuProcess(pid=pid, name=name)
+        name, visible = "?", (proc / str(pid)).exists()
+    else:
+        visible = True
+    return GpuProcess(pid=pid, name=name, visible=visible, used_memory_bytes=memory, sm_utilization_pct=utilization)
 
 
 class NvmlProbe:
@@ -103,6 +109,26 @@ class NvmlProbe:
         self._handles[device.device] = handle
         return handle
 
+    @staticmethod
+    def _process_utilization(handle: Any, pids: Mapping[int, object]) -> dict[int, float]:
+        """Each process's highest SM utilisation in NVML's samples of the last second.
+
+        NOT_FOUND means no process ran a kernel in that window (0 for all); where the GPU does not keep
+        samples, nothing is known and every process counts as active.
+        """
+        since = int(time.time() * 1e6) - _SAMPLES_WINDOW_US
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except pynvml.NVMLError_NotFound:
+            return dict.fromkeys(pids, 0.0)
+        except pynvml.NVMLError:
+            return {}
+        found = dict.fromkeys(pids, 0.0)
+        for s in samples:
+            if s.timeStamp >= since:
+                found[s.pid] = max(found.get(s.pid, 0.0), float(s.smUtil))
+        return found
+
     def sample(self, device: DeviceInfo) -> GpuSample:
         handle = self._handle(device)
         try:
@@ -112,7 +138,11 @@ class NvmlProbe:
             ]
         except pynvml.NVMLError as exc:
             raise GuardUnavailable(f"NVML cannot list the processes on {device.device}: {exc}") from None
-        pids = sorted({p.pid for p in processes})
+        memory: dict[int, int | None] = {}
+        for p in processes:
+            used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None  # None under some drivers
+            memory[p.pid] = (memory.get(p.pid) or 0) + used if used is not None else memory.get(p.pid)
+        utilization = self._process_utilization(handle, memory)
 
         def read(call: Callable[..., Any], *args: Any) -> Any:
             """One reading; None where this GPU or driver does not support it."""
@@ -130,7 +160,7 @@ class NvmlProbe:
         )
         power = read(pynvml.nvmlDeviceGetPowerUsage)
         return GpuSample(
-            processes=tuple(_process(pid, self._proc) for pid in pids),
+            processes=tuple(_process(pid, memory[pid], utilization.get(pid), self._proc) for pid in sorted(memory)),
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
             sm_clock_hz=sm_clock * _MHZ if sm_clock is not None else None,
             sm_clock_max_hz=sm_clock_max * _MHZ if sm_clock_max is not None else None,

@@ -1,0 +1,268 @@
+"""The service on a shared GPU node (issue 8): idle, one core busy, one GPU busy, against a peer tool.
+
+Everything the service publishes is compared with ``torch.utils.benchmark.Timer.blocked_autorange``
+(nobody here wrote it) run in its own process with the same thread count:
+
+1. idle: ``--sweeps`` service sweeps (the path ``crossover-monitor once`` takes), each between two
+   runs of the peer (the reference is their geometric mean), so the host's drift hits both alike: CPU n >= 256 within 5%, GPU compute n >= 1024 within
+   2%, GPU end_to_end n >= 1024 within 5%, crossovers inside the peer's bracket;
+2. one core kept busy by another process: every CPU point within 10% of idle, or withheld;
+3. one GPU kept busy by another process (a bf16 GEMM loop): that GPU withheld, the other measured
+   within the idle targets, and the busy process's own throughput while the sweep runs;
+4. the same job starting on a GPU mid-sweep: that GPU withheld from then on, and what the job lost.
+
+Usage on a GPU machine with torch: ``python3 benchmarks/shared_node.py --out results/x.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
+from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
+from monitor.crossover import find_crossover  # noqa: E402
+from monitor.protocol import Plan  # noqa: E402
+from monitor.sweep import run_sweep  # noqa: E402
+
+SIZES = (64, 128, 256, 512, 1024, 2048)
+MODES = ("compute", "end_to_end")
+TARGETS = {"cpu": (256, 0.05), "gpu compute": (1024, 0.02), "gpu end_to_end": (1024, 0.05)}
+
+
+def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]]:
+    """The peer tool's medians: {'cpu compute'|'cpu end_to_end'|'gpu compute'|'gpu end_to_end': {n: s}}."""
+    import torch  # noqa: PLC0415
+    from torch.utils import benchmark  # noqa: PLC0415
+
+    device = torch.device(gpu)
+    found: dict[str, dict[int, float]] = {}
+    for n in sizes:
+        a, b = torch.rand(n, n), torch.rand(n, n)
+        ga, gb = a.to(device), b.to(device)
+        cases = {
+            "cpu compute": ("torch.matmul(a, b)", {"a": a, "b": b}),
+            "cpu end_to_end": ("torch.matmul(a, b)", {"a": a, "b": b}),
+            "gpu compute": ("torch.matmul(ga, gb)", {"ga": ga, "gb": gb}),
+            "gpu end_to_end": ("torch.matmul(a.to(d), b.to(d)).cpu()", {"a": a, "b": b, "d": device}),
+        }
+        for name, (stmt, globals_) in cases.items():
+            timer = benchmark.Timer(stmt=stmt, globals={**globals_, "torch": torch}, num_threads=threads)
+            found.setdefault(name, {})[n] = float(timer.blocked_autorange(min_run_time=0.4).median)
+    return found
+
+
+def run_peer(threads: int, gpu: str) -> dict[str, dict[int, float]]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--peer", "--threads", str(threads), "--gpu", gpu],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    raw = json.loads(done.stdout.strip().splitlines()[-1])
+    return {k: {int(n): t for n, t in v.items()} for k, v in raw.items()}
+
+
+def sweep(threads: int, devices: tuple[str, ...] | None = None) -> dict[str, Any]:
+    bench = BenchmarkSettings(
+        backend="torch",
+        devices=devices,
+        sizes=SIZES,
+        modes=MODES,
+        cpu_threads=threads,
+        refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=20),
+    )
+    started = time.monotonic()
+    outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=300, cancel=threading.Event())
+    snapshot = outcome.snapshot
+    result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
+    if snapshot is None:
+        return result
+    kinds = {d.device: d.kind for d in snapshot.devices}
+    curves: dict[str, dict[str, dict[int, float]]] = {}
+    for m in snapshot.measurements:
+        if m.role == "sweep":
+            name = f"{kinds[m.key.device]} {m.key.mode}"
+            curves.setdefault(m.key.device, {}).setdefault(name, {})[m.key.size] = m.timing.median_s
+    result["curves"] = curves
+    result["crossovers"] = [
+        {"gpu": c.gpu, "mode": c.mode, "state": c.state.value, "size": c.size} for c in snapshot.crossovers
+    ]
+    result["withheld"] = [{"device": w.device, "reason": w.reason.value, "detail": w.detail} for w in snapshot.withheld]
+    result["hardware"] = [{k: v for k, v in vars(h).items() if v not in (None, ())} for h in snapshot.hardware]
+    result["environment"] = dict(snapshot.environment)
+    return result
+
+
+def bracket(reference: dict[str, dict[int, float]], mode: str) -> tuple[str, int | None, int | None]:
+    cpu, gpu = reference[f"cpu {mode}"], reference[f"gpu {mode}"]
+    state, _, lower, upper = find_crossover([(n, cpu[n], gpu[n]) for n in sorted(cpu)])
+    return state.value, lower, upper
+
+
+def ratios(service: dict[str, Any], reference: dict[str, dict[int, float]], gpu: str) -> dict[str, dict[int, float]]:
+    out: dict[str, dict[int, float]] = {}
+    for device, curves in service.get("curves", {}).items():
+        for name, points in curves.items():
+            if device not in ("cpu", gpu):
+                continue
+            out[name] = {n: t / reference[name][n] for n, t in points.items() if n in reference.get(name, {})}
+    return out
+
+
+def gemm_loop(gpu: str, seconds: float, report: Path) -> subprocess.Popen[bytes]:
+    """Another program: a bf16 GEMM loop on ``gpu`` writing its iterations per second, one line a second."""
+    code = f"""
+import time, torch
+x = torch.randn(8192, 8192, device={gpu!r}, dtype=torch.bfloat16)
+end = time.time() + {seconds}
+out = open({str(report)!r}, 'w', buffering=1)
+while time.time() < end:
+    t, n = time.time(), 0
+    while time.time() - t < 1.0:
+        x @ x; n += 1
+        if n % 20 == 0: torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    out.write(f"{{time.time():.3f}} {{n / (time.time() - t):.2f}}\\n")
+"""
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def busy_core() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peer", action="store_true")
+    parser.add_argument("--threads", type=int, default=default_cpu_threads())
+    parser.add_argument("--gpu", default="cuda:0")
+    parser.add_argument("--sweeps", type=int, default=3)
+    parser.add_argument("--out", type=Path, required=False)
+    parser.add_argument("--phases", default="idle,core,gpu,late")
+    args = parser.parse_args()
+    if args.peer:
+        print(json.dumps(peer(list(SIZES), args.threads, args.gpu)))
+        return
+    results: dict[str, Any] = {"threads": args.threads, "cores": len(os.sched_getaffinity(0)), "idle": []}
+
+    def save() -> None:
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=1, default=str))
+
+    phases = args.phases.split(",")
+    idle_cpu: dict[int, list[float]] = {}
+    if "idle" in phases:
+        reference_before = run_peer(args.threads, args.gpu)
+        for index in range(args.sweeps):
+            service = sweep(args.threads)
+            reference_after = run_peer(args.threads, args.gpu)
+            reference = {
+                name: {n: (t * reference_after[name][n]) ** 0.5 for n, t in points.items()}
+                for name, points in reference_before.items()
+            }
+            reference_before = reference_after
+            row = {
+                "service": service,
+                "peer": reference,
+                "ratios": ratios(service, reference, args.gpu),
+                "peer_brackets": {mode: bracket(reference, mode) for mode in MODES},
+            }
+            for n, t in service.get("curves", {}).get("cpu", {}).get("cpu compute", {}).items():
+                idle_cpu.setdefault(n, []).append(t)
+            results["idle"].append(row)
+            save()
+            print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
+            print(f"  peer brackets {row['peer_brackets']}")
+            for name, r in row["ratios"].items():
+                print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
+    if "core" in phases:
+        spinner = busy_core()
+        try:
+            time.sleep(1)
+            service = sweep(args.threads, devices=("cpu",))
+        finally:
+            spinner.kill()
+        cpu = service.get("curves", {}).get("cpu", {}).get("cpu compute", {})
+        versus = {n: t / statistics.median(idle_cpu[n]) for n, t in cpu.items() if n in idle_cpu}
+        results["busy_core"] = {"service": service, "versus_idle": versus}
+        save()
+        print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
+    if "gpu" in phases:
+        import torch  # noqa: PLC0415
+
+        if torch.cuda.device_count() < 2:  # noqa: PLR2004
+            print("busy GPU phase skipped: needs two GPUs")
+        else:
+            report = Path("/tmp/gemm.txt")
+            job = gemm_loop("cuda:1", 60.0, report)
+            time.sleep(12)  # the job warms up; its rate before the sweep
+            before_sweep = time.time()
+            service = sweep(args.threads)
+            after_sweep = time.time()
+            time.sleep(6)
+            job.kill()
+            lines = [tuple(map(float, line.split())) for line in report.read_text().splitlines() if line.strip()]
+            alone = [r for t, r in lines if t < before_sweep - 1]
+            during = [r for t, r in lines if before_sweep + 1 < t < after_sweep]
+            after = [r for t, r in lines if t > after_sweep + 1]
+            loss = 1 - statistics.median(during) / statistics.median(alone) if alone and during else None
+            results["busy_gpu"] = {
+                "service": service,
+                "job_rate_alone": alone,
+                "job_rate_during_sweep": during,
+                "job_rate_after": after,
+                "job_throughput_loss": loss,
+                "ratios_cuda0": ratios(service, results["idle"][-1]["peer"], "cuda:0") if results["idle"] else {},
+            }
+            save()
+            print(
+                f"busy gpu: {service['result']} withheld {service.get('withheld')} crossovers {service.get('crossovers')}"
+            )
+            print(f"  job GEMM/s alone {alone} during {during} -> loss {loss}")
+            for name, r in results["busy_gpu"]["ratios_cuda0"].items():
+                print(f"  cuda:0 {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
+    if "late" in phases:
+        report = Path("/tmp/gemm-late.txt")
+        jobs: list[subprocess.Popen[bytes]] = []
+        starter = threading.Timer(8.0, lambda: jobs.append(gemm_loop("cuda:0", 40.0, report)))
+        started = time.time()
+        starter.start()
+        service = sweep(args.threads)
+        ended = time.time()
+        starter.join()
+        time.sleep(8)
+        for job in jobs:
+            job.kill()
+        lines = [tuple(map(float, line.split())) for line in report.read_text().splitlines() if line.strip()]
+        during = [r for t, r in lines if t < ended]
+        after = [r for t, r in lines if t > ended + 1]
+        loss = 1 - statistics.median(during) / statistics.median(after) if during and after else None
+        results["late_job"] = {
+            "service": service,
+            "job_started_after_s": 8.0,
+            "sweep_s": ended - started,
+            "job_rate_during_sweep": during,
+            "job_rate_after": after,
+            "job_throughput_loss": loss,
+        }
+        save()
+        print(f"late job: {service['result']} withheld {service.get('withheld')}")
+        print(f"  job GEMM/s during sweep {during} after {after} -> loss {loss}")
+    save()
+
+
+if __name__ == "__main__":
+    main()
