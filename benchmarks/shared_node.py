@@ -22,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -143,6 +144,111 @@ def busy_core() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
 
 
+def job_rates(report: Path) -> list[tuple[float, float]]:
+    """(unix time, GEMMs per second) lines the job wrote."""
+    return [(t, r) for t, r in (map(float, line.split()) for line in report.read_text().splitlines() if line.strip())]
+
+
+def idle_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    reference_before = run_peer(args.threads, args.gpu)
+    for index in range(args.sweeps):
+        service = sweep(args.threads)
+        reference_after = run_peer(args.threads, args.gpu)
+        reference = {
+            name: {n: (t * reference_after[name][n]) ** 0.5 for n, t in points.items()}
+            for name, points in reference_before.items()
+        }
+        reference_before = reference_after
+        row = {
+            "service": service,
+            "peer": reference,
+            "ratios": ratios(service, reference, args.gpu),
+            "peer_brackets": {mode: bracket(reference, mode) for mode in MODES},
+        }
+        results["idle"].append(row)
+        print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
+        print(f"  peer brackets {row['peer_brackets']}")
+        for name, r in row["ratios"].items():
+            print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
+
+
+def core_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    idle_cpu: dict[int, list[float]] = {}
+    for row in results["idle"]:
+        for n, t in row["service"].get("curves", {}).get("cpu", {}).get("cpu compute", {}).items():
+            idle_cpu.setdefault(n, []).append(t)
+    spinner = busy_core()
+    try:
+        time.sleep(1)
+        service = sweep(args.threads, devices=("cpu",))
+    finally:
+        spinner.kill()
+    cpu = service.get("curves", {}).get("cpu", {}).get("cpu compute", {})
+    versus = {n: t / statistics.median(idle_cpu[n]) for n, t in cpu.items() if n in idle_cpu}
+    results["busy_core"] = {"service": service, "versus_idle": versus}
+    print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
+
+
+def gpu_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) -> None:
+    import torch  # noqa: PLC0415
+
+    if torch.cuda.device_count() < 2:
+        print("busy GPU phase skipped: needs two GPUs")
+        return
+    report = scratch / "gemm.txt"
+    job = gemm_loop("cuda:1", 60.0, report)
+    time.sleep(12)  # the job warms up; its rate before the sweep
+    before_sweep = time.time()
+    service = sweep(args.threads)
+    after_sweep = time.time()
+    time.sleep(6)
+    job.kill()
+    lines = job_rates(report)
+    alone = [r for t, r in lines if t < before_sweep - 1]
+    during = [r for t, r in lines if before_sweep + 1 < t < after_sweep]
+    loss = 1 - statistics.median(during) / statistics.median(alone) if alone and during else None
+    results["busy_gpu"] = {
+        "service": service,
+        "job_rate_alone": alone,
+        "job_rate_during_sweep": during,
+        "job_rate_after": [r for t, r in lines if t > after_sweep + 1],
+        "job_throughput_loss": loss,
+        "ratios_cuda0": ratios(service, results["idle"][-1]["peer"], "cuda:0") if results["idle"] else {},
+    }
+    print(f"busy gpu: {service['result']} withheld {service.get('withheld')} crossovers {service.get('crossovers')}")
+    print(f"  job GEMM/s alone {alone} during {during} -> loss {loss}")
+    for name, r in results["busy_gpu"]["ratios_cuda0"].items():
+        print(f"  cuda:0 {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
+
+
+def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) -> None:
+    report = scratch / "gemm-late.txt"
+    jobs: list[subprocess.Popen[bytes]] = []
+    starter = threading.Timer(8.0, lambda: jobs.append(gemm_loop("cuda:0", 40.0, report)))
+    started = time.time()
+    starter.start()
+    service = sweep(args.threads)
+    ended = time.time()
+    starter.join()
+    time.sleep(8)
+    for job in jobs:
+        job.kill()
+    lines = job_rates(report)
+    during = [r for t, r in lines if t < ended]
+    after = [r for t, r in lines if t > ended + 1]
+    loss = 1 - statistics.median(during) / statistics.median(after) if during and after else None
+    results["late_job"] = {
+        "service": service,
+        "job_started_after_s": 8.0,
+        "sweep_s": ended - started,
+        "job_rate_during_sweep": during,
+        "job_rate_after": after,
+        "job_throughput_loss": loss,
+    }
+    print(f"late job: {service['result']} withheld {service.get('withheld')}")
+    print(f"  job GEMM/s during sweep {during} after {after} -> loss {loss}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true")
@@ -156,112 +262,19 @@ def main() -> None:
         print(json.dumps(peer(list(SIZES), args.threads, args.gpu)))
         return
     results: dict[str, Any] = {"threads": args.threads, "cores": len(os.sched_getaffinity(0)), "idle": []}
-
-    def save() -> None:
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=1, default=str))
-
     phases = args.phases.split(",")
-    idle_cpu: dict[int, list[float]] = {}
-    if "idle" in phases:
-        reference_before = run_peer(args.threads, args.gpu)
-        for index in range(args.sweeps):
-            service = sweep(args.threads)
-            reference_after = run_peer(args.threads, args.gpu)
-            reference = {
-                name: {n: (t * reference_after[name][n]) ** 0.5 for n, t in points.items()}
-                for name, points in reference_before.items()
-            }
-            reference_before = reference_after
-            row = {
-                "service": service,
-                "peer": reference,
-                "ratios": ratios(service, reference, args.gpu),
-                "peer_brackets": {mode: bracket(reference, mode) for mode in MODES},
-            }
-            for n, t in service.get("curves", {}).get("cpu", {}).get("cpu compute", {}).items():
-                idle_cpu.setdefault(n, []).append(t)
-            results["idle"].append(row)
-            save()
-            print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
-            print(f"  peer brackets {row['peer_brackets']}")
-            for name, r in row["ratios"].items():
-                print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
-    if "core" in phases:
-        spinner = busy_core()
-        try:
-            time.sleep(1)
-            service = sweep(args.threads, devices=("cpu",))
-        finally:
-            spinner.kill()
-        cpu = service.get("curves", {}).get("cpu", {}).get("cpu compute", {})
-        versus = {n: t / statistics.median(idle_cpu[n]) for n, t in cpu.items() if n in idle_cpu}
-        results["busy_core"] = {"service": service, "versus_idle": versus}
-        save()
-        print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
-    if "gpu" in phases:
-        import torch  # noqa: PLC0415
-
-        if torch.cuda.device_count() < 2:  # noqa: PLR2004
-            print("busy GPU phase skipped: needs two GPUs")
-        else:
-            report = Path("/tmp/gemm.txt")
-            job = gemm_loop("cuda:1", 60.0, report)
-            time.sleep(12)  # the job warms up; its rate before the sweep
-            before_sweep = time.time()
-            service = sweep(args.threads)
-            after_sweep = time.time()
-            time.sleep(6)
-            job.kill()
-            lines = [tuple(map(float, line.split())) for line in report.read_text().splitlines() if line.strip()]
-            alone = [r for t, r in lines if t < before_sweep - 1]
-            during = [r for t, r in lines if before_sweep + 1 < t < after_sweep]
-            after = [r for t, r in lines if t > after_sweep + 1]
-            loss = 1 - statistics.median(during) / statistics.median(alone) if alone and during else None
-            results["busy_gpu"] = {
-                "service": service,
-                "job_rate_alone": alone,
-                "job_rate_during_sweep": during,
-                "job_rate_after": after,
-                "job_throughput_loss": loss,
-                "ratios_cuda0": ratios(service, results["idle"][-1]["peer"], "cuda:0") if results["idle"] else {},
-            }
-            save()
-            print(
-                f"busy gpu: {service['result']} withheld {service.get('withheld')} crossovers {service.get('crossovers')}"
-            )
-            print(f"  job GEMM/s alone {alone} during {during} -> loss {loss}")
-            for name, r in results["busy_gpu"]["ratios_cuda0"].items():
-                print(f"  cuda:0 {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
-    if "late" in phases:
-        report = Path("/tmp/gemm-late.txt")
-        jobs: list[subprocess.Popen[bytes]] = []
-        starter = threading.Timer(8.0, lambda: jobs.append(gemm_loop("cuda:0", 40.0, report)))
-        started = time.time()
-        starter.start()
-        service = sweep(args.threads)
-        ended = time.time()
-        starter.join()
-        time.sleep(8)
-        for job in jobs:
-            job.kill()
-        lines = [tuple(map(float, line.split())) for line in report.read_text().splitlines() if line.strip()]
-        during = [r for t, r in lines if t < ended]
-        after = [r for t, r in lines if t > ended + 1]
-        loss = 1 - statistics.median(during) / statistics.median(after) if during and after else None
-        results["late_job"] = {
-            "service": service,
-            "job_started_after_s": 8.0,
-            "sweep_s": ended - started,
-            "job_rate_during_sweep": during,
-            "job_rate_after": after,
-            "job_throughput_loss": loss,
-        }
-        save()
-        print(f"late job: {service['result']} withheld {service.get('withheld')}")
-        print(f"  job GEMM/s during sweep {during} after {after} -> loss {loss}")
-    save()
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, phase in (
+            ("idle", lambda: idle_phase(args, results)),
+            ("core", lambda: core_phase(args, results)),
+            ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
+            ("late", lambda: late_phase(args, results, Path(scratch))),
+        ):
+            if name in phases:
+                phase()
+                if args.out:  # saved after every phase: a run cut off at its limit keeps what it measured
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps(results, indent=1, default=str))
 
 
 if __name__ == "__main__":
