@@ -119,6 +119,7 @@ class Service:
             Plan.from_settings(self._settings.benchmark, self._settings.guard),
             devices=(*cpus, *busy),
             given_up=tuple(sorted(self._given_up)),
+            retry=True,
         )
         self._run_worker(plan, retry=True)
 

@@ -44,6 +44,8 @@ class Plan:
     expect_gpus: int = 0
     given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
     guard: GuardSettings = dataclasses.field(default_factory=lambda: GuardSettings(enabled=False))
+    # A retry of busy GPUs: look at them first, and time nothing (not even the CPU) if all are still busy.
+    retry: bool = False
 
     @classmethod
     def from_settings(cls, bench: BenchmarkSettings, guard: GuardSettings) -> Plan:

@@ -149,16 +149,11 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     devices = select_devices(backend, plan.devices, emit, plan.given_up)
     for device in devices:
         emit(device)
-    found_gpus = sum(1 for d in devices if d.kind == "gpu")
-    for index in range(found_gpus, plan.expect_gpus):
-        # A named series (expected-gpu-N) so that matmul_device_up says 0 and the device-down alert fires.
-        reason = (
-            f"expected {plan.expect_gpus} GPU(s), {backend.name} found {found_gpus}: "
-            "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
-        )
-        emit(DeviceFailure(backend=backend.name, device=f"expected-gpu-{index}", reason=reason))
+    _report_missing_gpus(plan, backend.name, sum(1 for d in devices if d.kind == "gpu"), emit)
     guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     session = _Session(plan, backend, emit, clock, guard)
+    if plan.retry and not _any_gpu_free(session, devices):
+        return  # still busy: the CPU's curve would be timed for nothing
     refine_deadline = None
     for dtype in plan.dtypes:
         for mode in plan.modes:
@@ -171,6 +166,26 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
                 _refine(session, devices, dtype, mode, refine_deadline)
     for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
         emit(context)
+
+
+def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, emit: Emit) -> None:
+    for index in range(found_gpus, plan.expect_gpus):
+        # A named series (expected-gpu-N) so that matmul_device_up says 0 and the device-down alert fires.
+        reason = (
+            f"expected {plan.expect_gpus} GPU(s), {backend} found {found_gpus}: "
+            "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
+        )
+        emit(DeviceFailure(backend=backend, device=f"expected-gpu-{index}", reason=reason))
+
+
+def _any_gpu_free(session: _Session, devices: list[DeviceInfo]) -> bool:
+    """Look at every GPU before anything is timed; withhold the busy ones. False if none is free."""
+    gpus = [d for d in devices if d.kind == "gpu"]
+    for gpu in gpus:
+        verdict = session.guard.before_gpu_point(gpu)
+        if verdict is not None:
+            session.withhold(verdict)
+    return any(gpu.device not in session.withheld for gpu in gpus)
 
 
 def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
