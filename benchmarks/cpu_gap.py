@@ -38,7 +38,7 @@ def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool) -> f
     if after_cuda:  # a CUDA context and some GPU work in this process first, as in the service's worker
         x = torch.rand(1024, 1024, device="cuda")
         for _ in range(20):
-            x @ x  # noqa: B018
+            x @ x
         torch.cuda.synchronize()
     a, b = torch.rand(n, n), torch.rand(n, n)
     if where != "cpu":
@@ -209,21 +209,36 @@ def main() -> None:
 
     if "idle" in phases:
         rows += run_matrix(
-            sizes=cpu_sizes, variants=list(VARIANTS), mode="compute", where="cpu", threads=cores,
-            rounds=args.rounds, busy=False,
+            sizes=cpu_sizes,
+            variants=list(VARIANTS),
+            mode="compute",
+            where="cpu",
+            threads=cores,
+            rounds=args.rounds,
+            busy=False,
         )
         save()
     if "busy" in phases:
         for threads in (cores, cores - 1):
             rows += run_matrix(
-                sizes=[64, 256, 1024], variants=["peer", "service-nocuda"], mode="compute", where="cpu",
-                threads=threads, rounds=1, busy=True,
+                sizes=[64, 256, 1024],
+                variants=["peer", "service-nocuda"],
+                mode="compute",
+                where="cpu",
+                threads=threads,
+                rounds=1,
+                busy=True,
             )
         save()
     if "e2e" in phases:
         rows += run_matrix(
-            sizes=[1024, 2048], variants=["peer", "service", "service-discard", "worker"], mode="end_to_end", where="cuda:0",
-            threads=cores, rounds=args.rounds, busy=False,
+            sizes=[1024, 2048],
+            variants=["peer", "service", "service-discard", "worker"],
+            mode="end_to_end",
+            where="cuda:0",
+            threads=cores,
+            rounds=args.rounds,
+            busy=False,
         )
     save()
 

@@ -11,6 +11,8 @@ import yaml
 from monitor.metrics import (
     BENCHMARK_INFO,
     BUILD_INFO,
+    CPU_OTHER_LOAD,
+    CPU_THROTTLED,
     CROSSOVER,
     CROSSOVER_CI_LOWER,
     CROSSOVER_CI_UPPER,
@@ -18,17 +20,31 @@ from monitor.metrics import (
     CROSSOVER_STATE,
     CROSSOVER_UPPER,
     DEVICE_INFO,
+    DEVICE_MEASURED_AT,
     DEVICE_UP,
+    DEVICE_WITHHELD,
     DURATION,
     EXPOSED_NAMES,
     FIXED_COST,
     FLOPS,
+    GPU_CLOCK_EVENT,
+    GPU_OTHER_PROCESSES,
+    GPU_PCIE_GENERATION,
+    GPU_PCIE_GENERATION_MAX,
+    GPU_PCIE_WIDTH,
+    GPU_PCIE_WIDTH_MAX,
+    GPU_POWER_MAX,
+    GPU_SM_CLOCK_MAX,
+    GPU_SM_CLOCK_MIN,
+    GPU_TEMPERATURE_MAX,
     LAST_SUCCESS,
     NEXT_SWEEP,
     PEAK_FLOPS,
+    RETRIES,
     SWEEP_DURATION,
     SWEEPS,
 )
+from monitor.model import CrossoverState, WithheldReason
 from tests.conftest import REPO
 from tests.promql import (
     DASHBOARD,
@@ -166,10 +182,25 @@ def test_speedup_panel_reads_the_recorded_cpu_over_gpu_ratio(dashboard: dict[str
         (SWEEP_DURATION, {"timeseries"}),
         (SWEEPS + "_total", {"timeseries"}),
         (CROSSOVER_STATE, {"table"}),
-        (DEVICE_UP, {"state-timeline", "stat"}),
+        (DEVICE_UP, {"state-timeline", "stat", "table"}),
         (DEVICE_INFO, {"table", "timeseries", "xychart"}),
         (BENCHMARK_INFO, {"table"}),
         (BUILD_INFO, {"table"}),
+        (DEVICE_WITHHELD, {"table"}),
+        (DEVICE_MEASURED_AT, {"table", "timeseries"}),
+        (RETRIES + "_total", {"timeseries"}),
+        (GPU_SM_CLOCK_MIN, {"timeseries"}),
+        (GPU_SM_CLOCK_MAX, {"timeseries"}),
+        (GPU_CLOCK_EVENT, {"state-timeline"}),
+        (GPU_PCIE_GENERATION, {"table"}),
+        (GPU_PCIE_GENERATION_MAX, {"table"}),
+        (GPU_PCIE_WIDTH, {"table"}),
+        (GPU_PCIE_WIDTH_MAX, {"table"}),
+        (GPU_TEMPERATURE_MAX, {"timeseries"}),
+        (GPU_POWER_MAX, {"timeseries"}),
+        (GPU_OTHER_PROCESSES, {"timeseries"}),
+        (CPU_OTHER_LOAD, {"timeseries"}),
+        (CPU_THROTTLED, {"timeseries"}),
     ],
 )
 def test_dashboard_has_a_panel_for_each_metric(dashboard: dict[str, Any], metric: str, panel_types: set[str]) -> None:
@@ -187,11 +218,53 @@ def test_sweep_failures_are_shown_by_result(dashboard: dict[str, Any]) -> None:
 
 
 def test_crossover_state_table_colours_every_state(dashboard: dict[str, Any]) -> None:
-    """The state table maps every crossover state, no_gpu included, to a colour."""
+    """The state table maps every crossover state, no_gpu and withheld included, to a colour."""
     (panel,) = _panels_reading(dashboard, CROSSOVER_STATE)
     (override,) = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "state"]
     (mappings,) = [p["value"] for p in override["properties"] if p["id"] == "mappings"]
-    assert set(mappings[0]["options"]) == {"found", "gpu_never_faster", "gpu_always_faster", "ambiguous", "no_gpu"}
+    assert set(mappings[0]["options"]) == {state.value for state in CrossoverState}
+
+
+def _row_panels(dashboard: dict[str, Any], title: str) -> list[dict[str, Any]]:
+    """The panels laid out under the (expanded) row of that title, up to the next row."""
+    panels = dashboard["panels"]
+    start = next(i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == title)
+    end = next((i for i, p in enumerate(panels) if i > start and p["type"] == "row"), len(panels))
+    return panels[start + 1 : end]
+
+
+def test_shared_node_row_follows_the_crossover_and_reads_the_guard_and_hardware_metrics(
+    dashboard: dict[str, Any],
+) -> None:
+    """Right under the crossover, one row shows the withheld devices and every hardware-context metric."""
+    rows = [p["title"] for p in dashboard["panels"] if p["type"] == "row"]
+    assert rows[:2] == ["Crossover", "Shared node: interference and hardware"]
+    exprs = " ".join(t["expr"] for p in _row_panels(dashboard, rows[1]) for t in p["targets"])
+    hardware = {
+        GPU_SM_CLOCK_MIN,
+        GPU_SM_CLOCK_MAX,
+        GPU_CLOCK_EVENT,
+        GPU_TEMPERATURE_MAX,
+        GPU_POWER_MAX,
+        GPU_PCIE_GENERATION,
+        GPU_PCIE_GENERATION_MAX,
+        GPU_PCIE_WIDTH,
+        GPU_PCIE_WIDTH_MAX,
+        GPU_OTHER_PROCESSES,
+        CPU_OTHER_LOAD,
+        CPU_THROTTLED,
+    }
+    for name in {DEVICE_WITHHELD, DEVICE_MEASURED_AT, RETRIES + "_total"} | hardware:
+        assert re.search(rf"\b{name}\b", exprs), name
+    assert re.search(rf"time\(\) - {DEVICE_MEASURED_AT}\b", exprs)
+
+
+def test_guard_table_colours_every_withheld_reason(dashboard: dict[str, Any]) -> None:
+    """The guard table maps every withheld reason, measured and failed to a colour."""
+    (panel,) = _panels_reading(dashboard, DEVICE_WITHHELD)
+    (override,) = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "status"]
+    (mappings,) = [p["value"] for p in override["properties"] if p["id"] == "mappings"]
+    assert set(mappings[0]["options"]) == {r.value for r in WithheldReason} | {"measured", "failed"}
 
 
 def test_dashboard_reads_only_exported_metric_names(dashboard: dict[str, Any]) -> None:

@@ -279,6 +279,23 @@ def test_compose_runs_one_monitor_variant_at_a_time() -> None:
     assert "gpu" in device["capabilities"]
 
 
+def test_compose_gpu_variant_gets_every_gpu() -> None:
+    """count: all (compose's device request, not a reservation); no driver capability that would replace the image's.
+
+    Docker turns driver capabilities listed here (compute, utility, ...) into NVIDIA_DRIVER_CAPABILITIES, which
+    would take the place of the image's compute,utility: without utility the guard has no NVML.
+    """
+    gpu = compose()["services"]["crossover-monitor-gpu"]
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == "all"
+    assert "device_ids" not in device
+    assert device["capabilities"] == ["gpu"]
+    assert "CUDA_VISIBLE_DEVICES" not in str(gpu.get("environment", ""))
+    assert "NVIDIA_VISIBLE_DEVICES" not in str(gpu.get("environment", ""))
+    assert "pid" not in gpu  # the host PID namespace is opt-in: the commented `pid: host` explains the trade-off
+    assert "# pid: host" in COMPOSE.read_text(encoding="utf-8")
+
+
 def test_compose_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     """promtool check config accepts the stack's prometheus.yml with the rules mounted beside it."""
     mounts = dict(host_paths(compose()["services"]["prometheus"]))

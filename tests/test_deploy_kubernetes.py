@@ -101,11 +101,54 @@ def test_kustomization_lists_every_manifest() -> None:
     assert container["image"].split(":")[0] in {image["name"] for image in kustomization["images"]}
 
 
-def test_daemonset_runs_on_gpu_nodes_with_one_gpu(pod: dict[str, Any], container: dict[str, Any]) -> None:
-    """It selects GPU nodes, tolerates their taint, and asks the device plugin for a GPU."""
+def gpu_resources(pod_spec: dict[str, Any]) -> list[str]:
+    """``kind.resource`` for every GPU the pod's containers request or limit (a reservation of GPUs)."""
+    containers = [*pod_spec.get("initContainers", []), *pod_spec["containers"]]
+    return [
+        f"{c['name']}: {kind}.{name}"
+        for c in containers
+        for kind in ("requests", "limits")
+        for name in c.get("resources", {}).get(kind, {})
+        if "gpu" in name.lower()
+    ]
+
+
+def test_daemonset_runs_on_gpu_nodes(pod: dict[str, Any]) -> None:
+    """It selects GPU nodes and tolerates their taint."""
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["spec"]["tolerations"]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_daemonset_reserves_no_gpu(pod: dict[str, Any]) -> None:
+    """No container requests or limits nvidia.com/gpu (or any GPU resource): every GPU stays schedulable."""
+    assert gpu_resources(pod["spec"]) == []
+
+
+@pytest.mark.parametrize("kind", ["requests", "limits"])
+def test_gpu_reservation_check_catches_a_gpu_request(kind: str) -> None:
+    """The same check names a container that asks the device plugin for a GPU again, as a request or a limit."""
+    daemonset = load(HERE / "daemonset.yaml")
+    spec = daemonset["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"].setdefault(kind, {})["nvidia.com/gpu"] = 1
+    validate(daemonset)  # a schema-valid manifest: only this check stands in the way
+    assert f"crossover-monitor: {kind}.nvidia.com/gpu" in gpu_resources(spec)
+
+
+def test_daemonset_sees_every_gpu_through_the_nvidia_runtime(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """Every GPU through NVIDIA_VISIBLE_DEVICES=all under the NVIDIA RuntimeClass, with NVML (utility) for the guard."""
+    assert pod["spec"]["runtimeClassName"] == "nvidia"
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
+    assert "CUDA_VISIBLE_DEVICES" not in env  # it would hide GPUs from the framework again
+
+
+def test_daemonset_keeps_the_host_pid_namespace_off_by_default(pod: dict[str, Any]) -> None:
+    """hostPID is spelled out (the trade-off is explained beside it) and off, as the Pod Security Standards ask."""
+    assert pod["spec"]["hostPID"] is False
+    assert not pod["spec"].get("hostNetwork")
+    assert not pod["spec"].get("hostIPC")
+    assert "hostPID: true" in (HERE / "daemonset.yaml").read_text(encoding="utf-8")  # the comment names the switch
 
 
 def test_probes_use_health_and_readiness_endpoints(container: dict[str, Any]) -> None:

@@ -168,7 +168,8 @@ def test_sandbox_keeps_what_tensorflow_and_cuda_need(unit: dict[str, list[str]])
     assert "AF_UNIX" in unit["Service.RestrictAddressFamilies"][-1].split()
     assert unit["Service.DevicePolicy"] == ["closed"]
     allowed = {entry.split()[0] for entry in unit["Service.DeviceAllow"]}
-    assert {"char-nvidia-frontend", "char-nvidia-uvm"} <= allowed
+    # the device nodes current drivers register as "nvidia" and "nvidiactl"; older ones as "nvidia-frontend"
+    assert {"char-nvidia-frontend", "char-nvidia", "char-nvidiactl", "char-nvidia-uvm"} <= allowed
     assert unit.get("Service.PrivateDevices", ["no"]) == ["no"]  # it would hide /dev/nvidia*
     assert unit.get("Service.ProcSubset", ["all"]) == ["all"]  # CUDA reads /proc/driver/nvidia
 

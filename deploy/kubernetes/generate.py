@@ -56,12 +56,15 @@ class Output:
         return header + yaml.dump(manifest, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1000)
 
 
-GPU_NODE_SETTING = ("  expect_gpus: 0\n", "  expect_gpus: 1  # the DaemonSet asks for one GPU per pod\n")
+GPU_NODE_SETTING = (
+    "  expect_gpus: 0\n",
+    "  expect_gpus: 1  # at least one: each pod sees every GPU of its node\n",
+)
 
 
 def service_config(text: str) -> dict[str, Any]:
-    # The example's defaults, except that a pod on a GPU node must find its GPU: without it, a
-    # broken driver would be a quiet CPU-only sweep.
+    # The example's defaults, except that a pod on a GPU node must find at least one GPU: without it,
+    # a broken driver would be a quiet CPU-only sweep.
     if GPU_NODE_SETTING[0] not in text:
         raise SourceError("it has no '  expect_gpus: 0' line to set to 1 for GPU nodes")
     text = text.replace(*GPU_NODE_SETTING)

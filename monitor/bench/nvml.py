@@ -142,7 +142,7 @@ class NvmlProbe:
         for p in processes:
             used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None  # None under some drivers
             memory[p.pid] = (memory.get(p.pid) or 0) + used if used is not None else memory.get(p.pid)
-        utilization = self._process_utilization(handle, memory)
+        per_process = self._process_utilization(handle, memory)
 
         def read(call: Callable[..., Any], *args: Any) -> Any:
             """One reading; None where this GPU or driver does not support it."""
@@ -160,7 +160,7 @@ class NvmlProbe:
         )
         power = read(pynvml.nvmlDeviceGetPowerUsage)
         return GpuSample(
-            processes=tuple(_process(pid, memory[pid], utilization.get(pid), self._proc) for pid in sorted(memory)),
+            processes=tuple(_process(pid, memory[pid], per_process.get(pid), self._proc) for pid in sorted(memory)),
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
             sm_clock_hz=sm_clock * _MHZ if sm_clock is not None else None,
             sm_clock_max_hz=sm_clock_max * _MHZ if sm_clock_max is not None else None,

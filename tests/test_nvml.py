@@ -1,0 +1,120 @@
+"""The NVML adapter against a stand-in pynvml module: what it reads, how it names processes, how it fails.
+
+No machine in CI has an NVIDIA driver, so the module is replaced by a fake that answers like
+nvidia-ml-py (ctypes-like structs, NVMLError subclasses); the real one ran on the H200 machines
+(benchmarks/results/shared-node-h200x2-*.log).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+
+import pytest
+
+from monitor.bench import nvml
+from monitor.bench.guard import GuardUnavailable
+from monitor.model import DeviceInfo
+
+GPU = DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-abc"),))
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLErrorNotFound(NVMLError):
+    pass
+
+
+def _fake_pynvml(*, samples: object = (), fail_init: bool = False) -> types.SimpleNamespace:
+    def get_samples(_handle: object, _since: int) -> object:
+        if isinstance(samples, Exception):
+            raise samples
+        return samples
+
+    def init() -> None:
+        if fail_init:
+            raise NVMLError("Driver Not Loaded")
+
+    def by_uuid(uuid: str) -> str:
+        if uuid != "GPU-abc":
+            raise NVMLError("Not Found")
+        return "handle-0"
+
+    own = types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=600 * 2**20)
+    job = types.SimpleNamespace(pid=4_000_000, usedGpuMemory=20 * 2**30)  # no such pid here: hidden
+    return types.SimpleNamespace(
+        NVMLError=NVMLError,
+        NVMLError_NotFound=NVMLErrorNotFound,
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=init,
+        nvmlDeviceGetHandleByUUID=by_uuid,
+        nvmlDeviceGetComputeRunningProcesses=lambda _h: [own, job],
+        nvmlDeviceGetGraphicsRunningProcesses=lambda _h: [],
+        nvmlDeviceGetProcessUtilization=get_samples,
+        nvmlDeviceGetUtilizationRates=lambda _h: types.SimpleNamespace(gpu=87, memory=40),
+        nvmlDeviceGetClockInfo=lambda _h, _c: 1755,
+        nvmlDeviceGetMaxClockInfo=lambda _h, _c: 1980,
+        nvmlDeviceGetCurrentClocksEventReasons=lambda _h: 0x1 | 0x20,
+        nvmlDeviceGetTemperature=lambda _h, _t: 61,
+        nvmlDeviceGetPowerUsage=lambda _h: 512_000,
+        nvmlDeviceGetCurrPcieLinkGeneration=lambda _h: 4,
+        nvmlDeviceGetCurrPcieLinkWidth=lambda _h: 8,
+        nvmlDeviceGetMaxPcieLinkGeneration=lambda _h: 5,
+        nvmlDeviceGetMaxPcieLinkWidth=lambda _h: 16,
+    )
+
+
+def test_probe_reads_every_field_in_base_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clocks in Hz, power in W, throttle reasons by name (idle left out), PCIe link now and at best."""
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml())
+    sample = nvml.NvmlProbe(proc=Path("/proc")).sample(GPU)
+    assert sample.utilization_pct == 87.0
+    assert (sample.sm_clock_hz, sample.sm_clock_max_hz) == (1.755e9, 1.98e9)
+    assert sample.clock_events == ("sw_thermal_slowdown",)
+    assert (sample.temperature_c, sample.power_w) == (61, 512.0)
+    assert (sample.pcie_generation, sample.pcie_width, sample.pcie_generation_max, sample.pcie_width_max) == (
+        4,
+        8,
+        5,
+        16,
+    )
+
+
+def test_probe_names_processes_and_their_recent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own pid is named from /proc; a pid outside this namespace is hidden; per-process SM samples are kept."""
+    job_sample = types.SimpleNamespace(pid=4_000_000, smUtil=93, timeStamp=2**62)
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=[job_sample]))
+    own, job = nvml.NvmlProbe().sample(GPU).processes
+    assert (own.pid, own.visible, own.sm_utilization_pct) == (os.getpid(), True, 0.0)
+    assert own.name != "?"
+    assert (job.visible, job.used_memory_bytes, job.sm_utilization_pct) == (False, 20 * 2**30, 93.0)
+
+
+def test_no_recent_samples_means_no_process_ran_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML answers NOT_FOUND when no process ran a kernel in the window: every process idle."""
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=NVMLErrorNotFound("Not Found")))
+    assert {p.sm_utilization_pct for p in nvml.NvmlProbe().sample(GPU).processes} == {0.0}
+
+
+def test_unsupported_samples_leave_activity_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the GPU keeps no per-process samples nothing is assumed: activity unknown (so the process counts)."""
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=NVMLError("Not Supported")))
+    assert {p.sm_utilization_pct for p in nvml.NvmlProbe().sample(GPU).processes} == {None}
+
+
+def test_nvml_that_cannot_start_or_find_the_gpu_is_a_clear_guard_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No driver, no module, or an unknown GPU: GuardUnavailable with the reason, never a crash."""
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(fail_init=True))
+    with pytest.raises(GuardUnavailable, match="Driver Not Loaded"):
+        nvml.NvmlProbe()
+    monkeypatch.setattr(nvml, "pynvml", None)
+    with pytest.raises(GuardUnavailable, match="nvidia-ml-py is not installed"):
+        nvml.NvmlProbe()
+    monkeypatch.setattr(nvml, "pynvml", _fake_pynvml())
+    stranger = DeviceInfo(backend="torch", device="cuda:3", kind="gpu", name="H200", details=(("uuid", "GPU-zzz"),))
+    with pytest.raises(GuardUnavailable, match="cannot find cuda:3"):
+        nvml.NvmlProbe().sample(stranger)
