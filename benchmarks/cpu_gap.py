@@ -5,7 +5,9 @@ alternates variants point by point, so the host's drift hits them alike:
 
 - ``peer``: ``torch.utils.benchmark.Timer(...).blocked_autorange`` (nobody here wrote it);
 - ``peer-after-cuda``: the same, after CUDA was initialised and used in that process;
-- ``service``: the service's own timing loop over the torch backend's block, as the worker runs it;
+- ``service``: the service's own timing loop over the torch backend's block, as the worker runs it
+  (in the recorded 2026-12-01 run, the block as it was then, which kept the previous product alive;
+  since the fix it is the same as ``service-discard``);
 - ``service-nocuda``: the same with no GPU visible (``CUDA_VISIBLE_DEVICES=``);
 - ``service-discard``: the service's timing loop over a block that drops each product before the next
   call (the service's block keeps the previous product alive while the next one is allocated);
