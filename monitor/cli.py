@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> Settings:
     settings = load_settings(getattr(args, "config", None) or getattr(args, "file", None))
-    if getattr(args, "listen", None):
+    if getattr(args, "listen", None) is not None:  # an empty --listen is an error, not the default
         settings = with_listen(settings, args.listen)
     return settings
 

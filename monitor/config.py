@@ -22,12 +22,19 @@ from monitor.model import BACKENDS, DTYPES, MODES, Mode, canonical_device
 DEFAULT_PORT = 9437
 MAX_PORT = 65535
 MAX_SIZE = 65536  # an n-by-n float32 operand of this n is 16 GiB
+MAX_SIZES = 1000  # configured sizes: far more than any sweep can time
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few kilobytes; /dev/zero is not one
+MAX_NESTING = 20  # the schema nests three levels; anything deeper is a mistake (or an attack)
+DAY_S = 86400.0
+MAX_COUNT = 4096  # threads, GPUs, processes: more than any machine has
 # A third-party or test backend: an import path "package.module:attribute".
 PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_MAX_HOST_NAME = 253
+_SHOWN_CHARS = 60  # a value in a message is abridged to this many characters
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,20 +149,37 @@ def parse_duration(value: object) -> float | None:
 def parse_listen(value: object) -> tuple[str, int] | _Bad:
     """``(host, port)`` from ``HOST:PORT`` or ``[V6]:PORT``, or what is wrong with it."""
     if not isinstance(value, str):
-        return _Bad(f"must be a string HOST:PORT, got {value!r}")
-    match = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:\[\]]+):(\d+)", value.strip())
+        return _Bad(f"must be a string HOST:PORT, got {_abridged(value)}")
+    match = re.fullmatch(r"\[([^\]]+)\]:([0-9]{1,5})|([^:\[\]]+):([0-9]{1,5})", value.strip())
     if match is None:
-        return _Bad(f"must be HOST:PORT (an IPv6 address in brackets: [ADDR]:PORT), got {value!r}")
+        return _Bad(f"must be HOST:PORT (an IPv6 address in brackets: [ADDR]:PORT), got {_abridged(value)}")
     host = match.group(1) or match.group(3)
     port = int(match.group(2) or match.group(4))
     if not 1 <= port <= MAX_PORT:
-        return _Bad(f"port must be between 1 and {MAX_PORT}, got {port} in {value!r}")
+        return _Bad(f"port must be between 1 and {MAX_PORT}, got {port} in {_abridged(value)}")
+    problem = _host_problem(host, bracketed=match.group(1) is not None)
+    return _Bad(f"{problem} in {_abridged(value)}") if problem else (host, port)
+
+
+def _host_problem(host: str, *, bracketed: bool) -> str | None:
+    if bracketed:  # brackets hold an IPv6 address and nothing else
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return f"only an IPv6 address goes in brackets, got {_abridged(host)}"
+        return None
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        if match.group(1) is not None or _HOSTNAME.fullmatch(host) is None:
-            return _Bad(f"{host!r} is neither an IP address nor a valid host name in {value!r}")
-    return host, port
+        if not _is_host_name(host):
+            return f"{_abridged(host)} is neither an IP address nor a valid host name"
+    return None
+
+
+def _is_host_name(host: str) -> bool:
+    """RFC 1123 host name, label by label (one regular expression over the whole name backtracks exponentially)."""
+    labels = host.removesuffix(".").split(".")
+    return len(host) <= _MAX_HOST_NAME and all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 T = TypeVar("T")
@@ -204,32 +228,49 @@ class _Reader:
         return result
 
 
+def _abridged(value: object) -> str:
+    """repr(value), cut to a few dozen characters: a message never carries a whole (maybe huge) value."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
+
+
 def _show(value: object) -> str:
     kinds = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
     kind = kinds.get(type(value), type(value).__name__)
-    return f"{kind} {value!r}"
+    return f"{kind} {_abridged(value)}"
 
 
-def _duration(*, positive: bool) -> Callable[[Any], float | _Bad]:
+def _duration(*, positive: bool, minimum: float = 0.0, maximum: float = DAY_S) -> Callable[[Any], float | _Bad]:
     def convert(value: Any) -> float | _Bad:
         seconds = parse_duration(value)
         if seconds is None or not math.isfinite(seconds):
             return _Bad(f"must be a duration like 30s, 15m, 1h or plain seconds, got {_show(value)}")
         if positive and seconds <= 0:
-            return _Bad(f"must be greater than zero, got {value!r}")
+            return _Bad(f"must be greater than zero, got {_abridged(value)}")
         if seconds < 0:
-            return _Bad(f"must not be negative, got {value!r}")
+            return _Bad(f"must not be negative, got {_abridged(value)}")
+        if seconds and seconds < minimum:
+            return _Bad(f"must be at least {minimum:g}s, got {_abridged(value)}")
+        if seconds > maximum:
+            return _Bad(f"must be at most {_span(maximum)}, got {_abridged(value)}")
         return seconds
 
     return convert
 
 
-def _integer(minimum: int) -> Callable[[Any], int | _Bad]:
+def _span(seconds: float) -> str:
+    days = seconds / DAY_S
+    return f"{days:g} day{'s' if days != 1 else ''}" if seconds >= DAY_S else f"{seconds:g}s"
+
+
+def _integer(minimum: int, maximum: int = MAX_COUNT) -> Callable[[Any], int | _Bad]:
     def convert(value: Any) -> int | _Bad:
         if isinstance(value, bool) or not isinstance(value, int):
             return _Bad(f"must be an integer, got {_show(value)}")
         if value < minimum:
-            return _Bad(f"must be at least {minimum}, got {value}")
+            return _Bad(f"must be at least {minimum}, got {_abridged(value)}")
+        if value > maximum:
+            return _Bad(f"must be at most {maximum}, got {_abridged(value)}")
         return value
 
     return convert
@@ -252,7 +293,10 @@ def _boolean(value: Any) -> bool | _Bad:
 def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
     section = r.section(data, "schedule", "schedule")
     r.reject_unknown(section, {"interval", "cron", "jitter"}, "schedule")
-    interval = r.get(section, "interval", "schedule.interval", None, _duration(positive=True))
+    # At least a second (a sweep takes longer than that anyway), at most a year.
+    interval = r.get(
+        section, "interval", "schedule.interval", None, _duration(positive=True, minimum=1, maximum=366 * DAY_S)
+    )
     cron = section.get("cron")
     if cron is not None:
         # Imported here, not at the top: every timing worker imports this module (for the settings
@@ -263,15 +307,17 @@ def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
             r.add("schedule.cron", f"must be a crontab string like '*/15 * * * *', got {_show(cron)}")
             cron = None
         elif (problem := cron_problem(cron)) is not None:
-            r.add("schedule.cron", f"{problem}, got {cron!r}")
+            r.add("schedule.cron", f"{problem}, got {_abridged(cron)}")
             cron = None
     if section.get("interval") is not None and section.get("cron") is not None:
         r.add("schedule", "set either interval or cron, not both")
-    jitter = r.get(section, "jitter", "schedule.jitter", 0.0, _duration(positive=False))
+    jitter = r.get(section, "jitter", "schedule.jitter", 0.0, _duration(positive=False))  # at most a day
     if cron is None and interval is None:
         interval = ScheduleSettings().interval_s
     if interval is not None and jitter >= interval:
-        r.add("schedule.jitter", f"must be shorter than the interval ({interval:g}s), got {section['jitter']!r}")
+        r.add(
+            "schedule.jitter", f"must be shorter than the interval ({interval:g}s), got {_abridged(section['jitter'])}"
+        )
     return ScheduleSettings(interval_s=None if cron else interval, cron=cron, jitter_s=jitter)
 
 
@@ -288,14 +334,19 @@ def _read_list(
     if not value:
         r.add(path, "must not be empty")
         return default
+    if len(value) > MAX_SIZES:
+        r.add(path, f"must have at most {MAX_SIZES} entries, got {len(value)}")
+        return default
     items: list[T] = []
+    seen: set[T] = set()
     for index, item in enumerate(value):
         result = check(item)
         if isinstance(result, _Bad):
             r.add(f"{path}[{index}]", result.message)
-        elif result in items:
-            r.add(f"{path}[{index}]", f"duplicate value {item!r}")
+        elif result in seen:  # a set: a list's `in` made 65,536 sizes take 21 s
+            r.add(f"{path}[{index}]", f"duplicate value {_abridged(item)}")
         else:
+            seen.add(result)
             items.append(result)
     return tuple(items) if len(items) == len(value) else default
 
@@ -314,7 +365,7 @@ def _choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str | _Bad]:
     def convert(value: Any) -> str | _Bad:
         if value in choices:
             return str(value)
-        return _Bad(f"unknown {what} {value!r} (choose from {', '.join(choices)})")
+        return _Bad(f"unknown {what} {_abridged(value)} (choose from {', '.join(choices)})")
 
     return convert
 
@@ -377,7 +428,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     if not isinstance(backend, str) or (backend not in BACKENDS and PLUGIN_BACKEND.fullmatch(backend) is None):
         r.add(
             "benchmark.backend",
-            f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)}, "
+            f"unknown backend {_abridged(backend)} (choose from {', '.join(BACKENDS)}, "
             "or give a plugin as 'package.module:attribute')",
         )
         backend = d.backend
@@ -386,7 +437,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     raw_devices = bench.get("devices", "auto")
     if raw_devices != "auto" and raw_devices is not None:
         if isinstance(raw_devices, str):
-            r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {raw_devices!r}")
+            r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {_abridged(raw_devices)}")
         else:
             devices = _read_list(r, bench, "devices", (), _device) or None
             seen: dict[str, str] = {}
@@ -394,7 +445,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
                 if canonical_device(name) in seen:
                     r.add(
                         f"benchmark.devices[{index}]",
-                        f"{name!r} is the same device as {seen[canonical_device(name)]!r}",
+                        f"{_abridged(name)} is the same device as {_abridged(seen[canonical_device(name)])}",
                     )
                 seen.setdefault(canonical_device(name), name)
 
@@ -500,18 +551,61 @@ def load_settings(path: str | Path | None) -> Settings:
     if path is None:
         return Settings()
     source = str(path)
+
+    def fail(message: str) -> ConfigError:
+        return ConfigError(source, [Problem("", message)])
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with Path(path).open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}")]) from None
+        raise fail(f"cannot read the file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise fail(f"the file is larger than {MAX_CONFIG_BYTES // 1024} KiB; a configuration is a few kilobytes")
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise fail(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8") from None
+    try:
+        data = _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         reason = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, [Problem("", f"not valid YAML: {where}{reason}")]) from None
+        raise fail(f"not valid YAML: {where}{_abridged(reason)[1:-1]}") from None
+    except _Refused as exc:
+        raise fail(str(exc)) from None
     return settings_from_mapping(data, source)
+
+
+class _Refused(Exception):
+    """YAML that is valid but that no configuration needs, and that could exhaust the loader."""
+
+
+# libyaml's loader when PyYAML has it (a million entries: 25 s in pure Python), else PyYAML's own.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _load_yaml(text: str) -> Any:
+    """The document, after refusing what could exhaust time, memory or the stack before it is built.
+
+    Aliases are refused (a few hundred bytes of nested aliases expand to gigabytes), and so is
+    nesting deeper than the configuration needs (deep nesting overflows the constructor's stack).
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused("YAML aliases (*name) are not supported in the configuration; write the value out")
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_NESTING:
+                mark = event.start_mark
+                where = f" (line {mark.line + 1})" if mark is not None else ""
+                raise _Refused(f"nested more than {MAX_NESTING} levels deep{where}")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
 
 
 def with_listen(settings: Settings, listen: str) -> Settings:
