@@ -28,6 +28,8 @@ _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("tor
 # A sweep still running this long after its deadline means its kill path is stuck.
 _STUCK_AFTER_DEADLINE_S = 30.0
 _MAIN_LOOP_TICK_S = 1.0
+# GPUs withheld for these reasons are tried again before the next sweep (unguarded ones cannot be).
+_RETRIED = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED})
 # A due sweep that has not started this long after its time means the scheduler thread is gone.
 _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
@@ -111,7 +113,12 @@ class Service:
     def _retry_busy(self) -> None:
         """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
         latest = self._store.read().latest
-        busy = sorted(w.device for w in latest.withheld if w.reason is WithheldReason.GPU_BUSY) if latest else []
+        kinds = {d.device: d.kind for d in latest.devices} if latest else {}
+        busy = (
+            sorted(w.device for w in latest.withheld if w.reason in _RETRIED and kinds.get(w.device) == "gpu")
+            if latest
+            else []
+        )
         if not busy or latest is None:
             return
         cpus = [d.device for d in latest.devices if d.kind == "cpu"]
@@ -171,7 +178,7 @@ class Service:
         latest = self._store.read().latest
         if interval <= 0 or latest is None or self._stopping.is_set():
             return
-        if not any(w.reason is WithheldReason.GPU_BUSY for w in latest.withheld):
+        if not any(w.reason in _RETRIED for w in latest.withheld):
             return
         due = self._scheduler.next_run_at()
         if due is not None and due - time.time() <= interval:

@@ -58,6 +58,8 @@ class WithheldReason(enum.Enum):
     GPU_BUSY = "gpu_busy"  # other processes or utilisation on the GPU before or while it was timed
     CPU_CONTENDED = "cpu_contended"  # other processes used cores the CPU timing needed
     UNGUARDED = "unguarded"  # the guard could not look (NVML missing or failing), so it did not time the GPU
+    # A job started on a GPU while the sweep ran: the rest of the sweep was given up to stay out of its way.
+    YIELDED = "yielded"
 
 
 class StopReason(enum.Enum):

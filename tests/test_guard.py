@@ -157,16 +157,21 @@ def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
     assert _timed(messages, "/GPU:0")
 
 
-def test_job_appearing_mid_sweep_withholds_the_gpu_from_that_point_on() -> None:
-    """A process that appears after some points stops further timing and is reported as seen while timed."""
+def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
+    """A job that starts on a GPU mid-sweep: that GPU busy, and nothing more is timed at all (the CPU yields)."""
     # Looks alternate before/after each point: the job shows up at the look after the third point.
     probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
-    backend, messages = _run(_guard(probe))
-    (withheld,) = _withheld(messages)
-    assert "while it was timed" in withheld.detail
-    assert backend.blocks["/GPU:0"] > 0
+    _, messages = _run(_guard(probe))
+    gpu, cpu = _withheld(messages)
+    assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
+    assert "while it was timed" in gpu.detail
+    assert (cpu.device, cpu.reason) == ("/CPU:0", WithheldReason.YIELDED)
+    assert "job that started on /GPU:0" in cpu.detail
     assert len(_timed(messages, "/GPU:0")) == 2  # the third point was timed but is not emitted
     assert probe.looks == 6  # and the GPU is not looked at (or timed) again
+    cpu_points = len(_timed(messages, "/CPU:0"))
+    assert messages.index(cpu) > max(i for i, m in enumerate(messages) if isinstance(m, Measurement))
+    assert cpu_points == 3  # sizes 16, 32, 64 before the job; none after it
 
 
 class _ThreadWorker:
@@ -215,10 +220,18 @@ def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> 
     _, outcome = _sweep(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
     snapshot = outcome.snapshot  # type: ignore[attr-defined]
     assert outcome.result is SweepResult.SUCCESS  # type: ignore[attr-defined]  # busy is not a failure
-    assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
+    assert not snapshot.measurements  # the CPU yielded to the job as well
     assert {c.state for c in snapshot.crossovers} == {CrossoverState.WITHHELD}
+    assert snapshot.withheld_devices == {"/GPU:0", "/CPU:0"}
+    assert not snapshot.hardware
+
+
+def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
+    """A job that was there before the sweep began is no reason to stop: the CPU and other GPUs go on."""
+    _, outcome = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    snapshot = outcome.snapshot  # type: ignore[attr-defined]
+    assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
     assert snapshot.withheld_devices == {"/GPU:0"}
-    assert not any(h.device == "/GPU:0" for h in snapshot.hardware)
 
 
 def test_a_busy_gpu_keeps_its_last_good_timings_with_their_age() -> None:

@@ -27,6 +27,7 @@ from monitor.model import (
     Role,
     Timing,
     Withheld,
+    WithheldReason,
     canonical_device,
 )
 from monitor.protocol import Environment, Message, Plan
@@ -74,6 +75,8 @@ class _Session:
     guard: Guard
     failed: set[str] = field(default_factory=set)
     withheld: set[str] = field(default_factory=set)  # busy or disturbed: nothing more is timed on it
+    devices: list[DeviceInfo] = field(default_factory=list)
+    timed: set[str] = field(default_factory=set)  # devices with a point timed in this sweep
     medians: dict[tuple[str, str, Mode, int], float] = field(default_factory=dict)
     probes: set[tuple[str, str, Mode, int]] = field(default_factory=set)  # not part of the crossover
 
@@ -99,6 +102,7 @@ class _Session:
             return None
         if timing is None:  # withheld: another program was using the device
             return None
+        self.timed.add(device.device)
         self.medians[(device.device, dtype, mode, size)] = timing.median_s
         if role == "probe":
             self.probes.add((device.device, dtype, mode, size))
@@ -111,9 +115,14 @@ class _Session:
             # Looked at before anything is allocated on it: a busy GPU gets no operands either.
             verdict = self.guard.before_gpu_point(device)
             timing = None
+            arrived = device.device in self.timed  # free when this sweep began timing it: a job arrived since
             if verdict is None:
                 timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
                 verdict = self.guard.after_gpu_point(device)
+                arrived = True
+            if verdict is not None and verdict.reason is WithheldReason.GPU_BUSY and arrived:
+                self.yield_to(verdict)
+                return None
         else:
             run = self.backend.prepare(device, size, dtype, mode)
             timings: list[Timing] = []
@@ -133,6 +142,22 @@ class _Session:
         self.withheld.add(verdict.device)
         self.emit(verdict)
 
+    def yield_to(self, verdict: Withheld) -> None:
+        """A job started on a GPU mid-sweep: give up the rest of the sweep, CPU points included.
+
+        The CPU's threads would take cores the job's own host threads need (a job starting mid-sweep
+        on a 16-vCPU H200 machine ran 10% slower while the sweep went on timing the CPU). Every other
+        device is withheld too, since a curve is published whole or not at all; the busy GPUs' retry
+        times them again, the CPU with them.
+        """
+        self.withhold(verdict)
+        detail = f"the sweep stopped to stay out of the way of a job that started on {verdict.device} while it ran"
+        for device in self.devices:
+            if device.device not in self.withheld | self.failed:
+                self.withhold(
+                    Withheld(backend=device.backend, device=device.device, reason=WithheldReason.YIELDED, detail=detail)
+                )
+
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
         cpu_time = self.medians.get((cpu.device, dtype, mode, size))
         gpu_time = self.medians.get((gpu.device, dtype, mode, size))
@@ -151,7 +176,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
         emit(device)
     _report_missing_gpus(plan, backend.name, sum(1 for d in devices if d.kind == "gpu"), emit)
     guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
-    session = _Session(plan, backend, emit, clock, guard)
+    session = _Session(plan, backend, emit, clock, guard, devices=devices)
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
     refine_deadline = None
