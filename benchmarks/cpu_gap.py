@@ -11,6 +11,9 @@ alternates variants point by point, so the host's drift hits them alike:
 - ``service-nocuda``: the same with no GPU visible (``CUDA_VISIBLE_DEVICES=``);
 - ``service-discard``: the service's timing loop over a block that drops each product before the next
   call (the service's block keeps the previous product alive while the next one is allocated);
+- ``service-200ms``: the service's loop with 200 ms timing blocks instead of 20 ms (the peer's blocks
+  are longer than the service's: on a VM whose vCPUs are descheduled now and then, a longer block
+  takes in more of those pauses, and the median of block means moves up);
 - ``worker``: the real worker process (``python -m monitor.bench.worker``) timing CPU and GPU;
 
 Each can run with one core kept busy by another process (``--busy-core``). Usage on a GPU machine:
@@ -30,7 +33,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("peer", "peer-after-cuda", "service", "service-nocuda", "service-discard", "worker")
+VARIANTS = ("peer", "peer-after-cuda", "service", "service-nocuda", "service-discard", "worker", "service-200ms")
 
 
 def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool) -> float:
@@ -58,7 +61,7 @@ def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool) -> f
     return float(timer.blocked_autorange(min_run_time=1.0).median)
 
 
-def _service(n: int, mode: str, where: str, threads: int) -> float:
+def _service(n: int, mode: str, where: str, threads: int, block_s: float = 0.02) -> float:
     from monitor.bench.contract import BackendOptions  # noqa: PLC0415
     from monitor.bench.timing import measure  # noqa: PLC0415
     from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
@@ -67,7 +70,7 @@ def _service(n: int, mode: str, where: str, threads: int) -> float:
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     device = next(d for d in backend.discover() if d.device == where)
     run = backend.prepare(device, n, "float32", mode)  # type: ignore[arg-type]
-    return measure(run, TimingSettings(), time.perf_counter).median_s
+    return measure(run, TimingSettings(block_s=block_s), time.perf_counter).median_s
 
 
 def _service_discard(n: int, mode: str, where: str, threads: int) -> float:
@@ -135,6 +138,8 @@ def one(variant: str, n: int, mode: str, where: str, threads: int) -> float:
         return _service(n, mode, where, threads)
     if variant == "service-discard":
         return _service_discard(n, mode, where, threads)
+    if variant == "service-200ms":
+        return _service(n, mode, where, threads, block_s=0.2)
     return _worker(n, mode, where, threads)
 
 
@@ -195,6 +200,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--phases", default="idle,busy,e2e")
+    parser.add_argument("--variants", help="comma-separated variants for the idle phase (default: all)")
+    parser.add_argument("--sizes", help="comma-separated sizes for the idle phase (default: 256,512,1024)")
     args = parser.parse_args()
     if args.one:
         print(one(args.one, args.n, args.mode, args.where, args.threads))
@@ -202,7 +209,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     rows: list[dict[str, object]] = []
     phases = args.phases.split(",")
-    cpu_sizes = [256, 512, 1024]
+    cpu_sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else [256, 512, 1024]
 
     def save() -> None:
         if args.out:
@@ -212,7 +219,7 @@ def main() -> None:
     if "idle" in phases:
         rows += run_matrix(
             sizes=cpu_sizes,
-            variants=list(VARIANTS),
+            variants=args.variants.split(",") if args.variants else list(VARIANTS),
             mode="compute",
             where="cpu",
             threads=cores,
