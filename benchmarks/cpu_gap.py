@@ -222,7 +222,7 @@ def main() -> None:
             variants=args.variants.split(",") if args.variants else list(VARIANTS),
             mode="compute",
             where="cpu",
-            threads=cores,
+            threads=args.threads,
             rounds=args.rounds,
             busy=False,
         )
