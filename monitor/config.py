@@ -230,7 +230,10 @@ class _Reader:
 
 def _abridged(value: object) -> str:
     """repr(value), cut to a few dozen characters: a message never carries a whole (maybe huge) value."""
-    text = repr(value)
+    return _brief(repr(value))
+
+
+def _brief(text: str) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
 
 
@@ -508,7 +511,11 @@ def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
             section, "cpu_max_other_cores", "guard.cpu_max_other_cores", d.cpu_max_other_cores, _number(0, 4096)
         ),
         retry_interval_s=r.get(
-            section, "retry_interval", "guard.retry_interval", d.retry_interval_s, _duration(positive=False)
+            section,
+            "retry_interval",
+            "guard.retry_interval",
+            d.retry_interval_s,
+            _duration(positive=False, minimum=10),  # 0 turns retries off; each one starts a worker
         ),
     )
 
@@ -569,11 +576,13 @@ def load_settings(path: str | Path | None) -> Settings:
         raise fail(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8") from None
     try:
         data = _load_yaml(text)
+    except (ValueError, OverflowError) as exc:  # from the constructor: 2024-02-30, an int of 5000 digits
+        raise fail(f"not a valid YAML value: {_brief(str(exc))}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         reason = getattr(exc, "problem", None) or str(exc)
-        raise fail(f"not valid YAML: {where}{_abridged(reason)[1:-1]}") from None
+        raise fail(f"not valid YAML: {where}{_brief(reason)}") from None
     except _Refused as exc:
         raise fail(str(exc)) from None
     return settings_from_mapping(data, source)

@@ -127,6 +127,7 @@ class Service:
             devices=(*cpus, *busy),
             given_up=tuple(sorted(self._given_up)),
             retry=True,
+            expect_gpus=0,  # it names some GPUs only: the rest are not missing
         )
         self._run_worker(plan, retry=True)
 
@@ -136,6 +137,9 @@ class Service:
         # One worker at a time: a retry never runs beside a sweep; a sweep waits for a retry to end.
         if not self._worker_lock.acquire(blocking=not retry):
             log.info("retry of busy GPUs skipped: a sweep is running")
+            return
+        if self._stopping.is_set():  # it waited for a retry while the service began to stop
+            self._worker_lock.release()
             return
         self._sweep_idle.clear()
         self._sweep_started = time.monotonic()
@@ -156,7 +160,6 @@ class Service:
                     log.info("sweep finished", extra=fields)
                 else:
                     log.error("sweep failed", extra={**fields, "reason": outcome.reason})
-            self._schedule_retry()
         except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
             log.exception(f"{what} crashed")
             reason = f"internal error: {type(exc).__name__}: {exc}"
@@ -171,6 +174,10 @@ class Service:
             self._sweep_started = None
             self._sweep_idle.set()
             self._worker_lock.release()
+        try:
+            self._schedule_retry()
+        except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
+            log.exception("could not schedule a retry of busy GPUs")
 
     def _schedule_retry(self) -> None:
         """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""

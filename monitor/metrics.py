@@ -196,7 +196,11 @@ class StateCollector(Collector):
                 ],
                 1,
             )
-            up.add_metric([device.backend, device.device], 1 if completed and device.device not in failed else 0)
+            # Measured or withheld; a GPU whose every point failed (out of memory, say) measured nothing: down.
+            works = device.device in latest.measured_devices | latest.withheld_devices
+            up.add_metric(
+                [device.backend, device.device], 1 if completed and works and device.device not in failed else 0
+            )
         for failure in latest.failures:
             if failure.point is None and (failure.backend, failure.device) not in seen:
                 seen.add((failure.backend, failure.device))

@@ -166,6 +166,8 @@ class SweepScheduler:
         return when.timestamp() if when is not None else None
 
     def _on_event(self, event: JobExecutionEvent) -> None:
+        if event.job_id != _JOB_ID:  # a retry of busy GPUs that could not run is not a skipped sweep
+            return
         reason = "previous sweep still running" if event.code == EVENT_JOB_MAX_INSTANCES else "run missed"
         log.warning("sweep skipped", extra={"reason": reason})
         self._on_skipped(reason)

@@ -6,7 +6,7 @@ import dataclasses
 import threading
 
 from monitor.carry import merge
-from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
+from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult, WithheldReason
 
 
 class StateStore:
@@ -41,7 +41,7 @@ class StateStore:
             snapshot = outcome.snapshot
             if snapshot is None or outcome.result is not SweepResult.SUCCESS:
                 result = RetryResult.FAILED
-            elif snapshot.withheld:
+            elif any(w.reason in (WithheldReason.GPU_BUSY, WithheldReason.YIELDED) for w in snapshot.withheld):
                 result = RetryResult.BUSY
             else:
                 result = RetryResult.MEASURED

@@ -67,6 +67,7 @@ BAD_CONFIGS = [
     ("guard: {gpu_max_other_processes: -1}", "guard.gpu_max_other_processes", "at least 0"),
     ("guard: {cpu_max_other_cores: .nan}", "guard.cpu_max_other_cores", "must be a number"),
     ("guard: {retry_interval: soon}", "guard.retry_interval", "duration"),
+    ("guard: {retry_interval: 1s}", "guard.retry_interval", "at least 10s"),
     ("guard: {enabled: 1}", "guard.enabled", "true or false"),
     ("guard: {nvml: off}", "guard.nvml", "unknown key"),
     ("guard: []", "guard", "must be a mapping"),

@@ -53,6 +53,8 @@ CASES = [
         "benchmark.sizes",
         "at most 1000 entries",
     ),
+    ("impossible-date", b"schedule: {interval: 2024-02-30}\n", "", "not a valid YAML value"),
+    ("5000-digit-integer", b"benchmark: {expect_gpus: " + b"9" * 5000 + b"}\n", "", "not a valid YAML value"),
     ("million-entries", b"benchmark: {sizes: [" + b"1, " * 1_000_000 + b"1]}\n", "", "larger than"),
 ]
 

@@ -477,11 +477,12 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     settings = settings_from_mapping(
         {
             "schedule": {"interval": "1h"},
-            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"]},
-            "guard": {"retry_interval": "1s"},
+            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
             "server": {"listen": f"127.0.0.1:{free_port()}"},
         }
     )
+    # A second instead of the configurable minimum of 10 s, to keep the test short.
+    settings = dataclasses.replace(settings, guard=dataclasses.replace(settings.guard, retry_interval_s=1.0))
     service = Service(settings, launch=launch)  # type: ignore[arg-type]
     thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
     thread.start()
@@ -495,6 +496,7 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
         thread.join(10)
     assert dict(state.retries)[RetryResult.MEASURED] == 1
     assert launches[1].devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
+    assert launches[1].expect_gpus == 0  # it names some GPUs only: the others are not missing
     assert state.latest is not None
     assert not state.latest.withheld
     assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
@@ -542,3 +544,36 @@ def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
     backend, messages = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))), plan)
     assert _withheld(messages)
     assert backend.blocks == {}
+
+
+def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that_gpu_alone() -> None:
+    """Container without hostPID: the job passes for the worker's own context until the worker's joins it;
+    then the GPU is withheld, but the sweep does not stop (the job was there first)."""
+    own = GpuProcess(pid=77001, visible=False, used_memory_bytes=500 * 2**20)
+    job = GpuProcess(pid=77002, visible=False, used_memory_bytes=20 * 2**30, sm_utilization_pct=95.0)
+    probe = FakeProbe(lambda look: dataclasses.replace(IDLE, processes=(job,) if look == 1 else (own, job)))
+    _, messages = _run(_guard(probe))
+    (withheld,) = _withheld(messages)
+    assert (withheld.device, withheld.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
+    assert not _timed(messages, "/GPU:0")
+    assert {m.key.size for m in _timed(messages, "/CPU:0")} == {1, 16, 32, 64, 128}
+
+
+def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
+    """A retry whose GPU turns out busy after its first point times no further CPU point."""
+    plan = dataclasses.replace(make_plan("fake", modes=("compute",)), retry=True)
+    probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
+    _, messages = _run(_guard(probe), plan)
+    assert _withheld(messages)
+    assert len(_timed(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
+
+
+def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
+    """A named device missing from a retry is a failure, but not a fatal one (a GPU reset heals)."""
+    from monitor.model import DeviceFailure  # noqa: PLC0415
+
+    plan = dataclasses.replace(make_plan("fake", modes=("compute",), devices=("/CPU:0", "/GPU:7")), retry=True)
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE)), plan)
+    (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
+    assert failure.device == "/GPU:7"
+    assert not failure.fatal

@@ -183,3 +183,25 @@ def test_exposed_names_cover_every_family_rendered() -> None:
     names = {name for name, _ in parse(body.decode())}
     assert names <= EXPOSED_NAMES
     assert EXPOSED_NAMES - names == {"matmul_sweep_next_timestamp_seconds"}  # needs a scheduler
+
+
+def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_one() -> None:
+    """up: 1 when measured or withheld as busy; 0 when nothing of it was measured (e.g. out of memory every point)."""
+    from monitor.model import DeviceFailure  # noqa: PLC0415
+
+    snapshot = _snapshot(100)
+    key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
+    broken = dataclasses.replace(
+        snapshot,
+        measurements=tuple(m for m in snapshot.measurements if m.key.device != "/GPU:0"),
+        failures=(DeviceFailure(backend="tensorflow", device="/GPU:0", reason="out of memory", point=key),),
+    )
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=broken))
+    gpu = {"backend": "tensorflow", "device": "/GPU:0"}
+    assert _registry(store).get_sample_value("matmul_device_up", gpu) == 0
+    busy = dataclasses.replace(
+        broken, withheld=(Withheld(backend="tensorflow", device="/GPU:0", reason=WithheldReason.GPU_BUSY, detail="x"),)
+    )
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=190, finished_at=200, snapshot=busy))
+    assert _registry(store).get_sample_value("matmul_device_up", gpu) == 1

@@ -118,3 +118,16 @@ def test_nvml_that_cannot_start_or_find_the_gpu_is_a_clear_guard_error(monkeypat
     stranger = DeviceInfo(backend="torch", device="cuda:3", kind="gpu", name="H200", details=(("uuid", "GPU-zzz"),))
     with pytest.raises(GuardUnavailable, match="cannot find cuda:3"):
         nvml.NvmlProbe().sample(stranger)
+
+
+def test_a_binding_that_raises_something_else_is_still_a_guard_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-ml-py raises plain Exceptions too (a driver without the _v3 calls): the GPU is unguarded, not failed."""
+    fake = _fake_pynvml()
+
+    def mismatch(_handle: object) -> object:
+        raise RuntimeError("NVMLLibraryMismatchError: driver too old for nvmlDeviceGetComputeRunningProcesses_v3")
+
+    fake.nvmlDeviceGetComputeRunningProcesses = mismatch
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    with pytest.raises(GuardUnavailable, match="driver too old"):
+        nvml.NvmlProbe().sample(GPU)

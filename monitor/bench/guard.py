@@ -20,6 +20,8 @@ from typing import Protocol
 from monitor.config import GuardSettings
 from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
 
+# A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
+_THROTTLING_TOLERATED = 0.02
 CPU_RETRY_PAUSE_S = 1.0  # a disturbed CPU point is timed again after this pause (a burst may have passed)
 
 
@@ -71,6 +73,7 @@ class HostLoad:
 
     other_cores: float  # their CPU time over the window's wall time, in cores
     throttled_s: float  # time the container's CPU quota throttled this cgroup
+    wall_s: float = 1.0  # how long the window lasted
 
 
 class HostMeter(Protocol):
@@ -202,7 +205,7 @@ class Guard:
             return None
         allowed = max(0, self._host.cores() - threads) + self._settings.cpu_max_other_cores
         record = self._cpus.setdefault(device.device, _CpuRecord())
-        load = HostLoad(0.0, 0.0)
+        load = HostLoad(0.0, 0.0, 1.0)
         for attempt in range(2):
             if attempt:
                 self._sleep(CPU_RETRY_PAUSE_S)
@@ -210,7 +213,7 @@ class Guard:
             measure()
             load = self._host.stop(started)
             record.throttled_s += load.throttled_s
-            if load.other_cores <= allowed and load.throttled_s == 0:
+            if load.other_cores <= allowed and load.throttled_s <= _THROTTLING_TOLERATED * load.wall_s:
                 record.other_cores_max = max(record.other_cores_max, load.other_cores)
                 return None
         record.other_cores_max = max(record.other_cores_max, load.other_cores)
@@ -220,7 +223,7 @@ class Guard:
                 f"other processes used {load.other_cores:.2f} cores of the {self._host.cores()} this worker may use, "
                 f"where its {threads} threads leave room for {allowed:.2f}"
             )
-        if load.throttled_s > 0:
+        if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
             problems.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
         detail = "; ".join(problems) + " (timed twice)"
         return Withheld(

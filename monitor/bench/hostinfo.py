@@ -132,7 +132,9 @@ class ProcStatMeter:
         others = (now.busy_s - started.busy_s) - (now.own_s - started.own_s)
         rounding = math.sqrt(len(self._cores)) * self._tick_s
         return HostLoad(
-            other_cores=max(0.0, others - rounding) / wall, throttled_s=max(0.0, now.throttled_s - started.throttled_s)
+            other_cores=max(0.0, others - rounding) / wall,
+            throttled_s=max(0.0, now.throttled_s - started.throttled_s),
+            wall_s=wall,
         )
 
 

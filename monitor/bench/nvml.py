@@ -65,9 +65,13 @@ def nvml_index(device: DeviceInfo, visible: str | None) -> int | str:
 _SAMPLES_WINDOW_US = 1_000_000  # per-process utilisation over the last second
 
 
+def _missing(*_args: object) -> None:
+    raise pynvml.NVMLError_FunctionNotFound
+
+
 def _process(pid: int, memory: int | None, utilization: float | None, proc: Path) -> GpuProcess:
     try:
-        name = (proc / str(pid) / "comm").read_text().strip()
+        name = (proc / str(pid) / "comm").read_text(errors="replace").strip()
     except OSError:
         name, visible = "?", (proc / str(pid)).exists()
     else:
@@ -130,6 +134,14 @@ class NvmlProbe:
         return found
 
     def sample(self, device: DeviceInfo) -> GpuSample:
+        try:
+            return self._sample(device)
+        except GuardUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. the binding's NVMLLibraryMismatchError, a plain Exception
+            raise GuardUnavailable(f"NVML failed on {device.device}: {type(exc).__name__}: {exc}") from None
+
+    def _sample(self, device: DeviceInfo) -> GpuSample:
         handle = self._handle(device)
         try:
             processes = [
@@ -154,10 +166,10 @@ class NvmlProbe:
         utilization = read(pynvml.nvmlDeviceGetUtilizationRates)
         sm_clock = read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
         sm_clock_max = read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM)
-        events = read(
-            getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-            or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        )
+        # The newer name where the driver has it; older drivers only know the "throttle" one.
+        events = read(getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", _missing))
+        if events is None:
+            events = read(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         power = read(pynvml.nvmlDeviceGetPowerUsage)
         return GpuSample(
             processes=tuple(_process(pid, memory[pid], per_process.get(pid), self._proc) for pid in sorted(memory)),

@@ -36,9 +36,14 @@ Emit = Callable[[Message], None]
 
 
 def select_devices(
-    backend: Backend, requested: Sequence[str] | None, emit: Emit, given_up: Sequence[str] = ()
+    backend: Backend,
+    requested: Sequence[str] | None,
+    emit: Emit,
+    given_up: Sequence[str] = (),
+    *,
+    missing_is_fatal: bool = True,
 ) -> list[DeviceInfo]:
-    """The discovered devices the plan asks for; each requested one that is missing is a fatal failure.
+    """The discovered devices the plan asks for; each requested one that is missing is a (fatal) failure.
 
     Devices in ``given_up`` failed fatally in an earlier sweep: they are reported again (so their
     up gauge stays 0) but not touched.
@@ -58,7 +63,7 @@ def select_devices(
         if device is None:
             available = ", ".join(d.device for d in found) or "none"
             reason = f"no such device (this machine has: {available})"
-            emit(DeviceFailure(backend=backend.name, device=name, reason=reason, fatal=True))
+            emit(DeviceFailure(backend=backend.name, device=name, reason=reason, fatal=missing_is_fatal))
         else:
             chosen.append(device)
     return chosen
@@ -83,7 +88,7 @@ class _Session:
     def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
         """Time one point (once per sweep) and emit it; None if it could not be timed."""
         cached = self.medians.get((device.device, dtype, mode, size))
-        if cached is not None or device.device in self.failed or device.device in self.withheld:
+        if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
             return cached
         key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
         try:
@@ -115,12 +120,14 @@ class _Session:
             # Looked at before anything is allocated on it: a busy GPU gets no operands either.
             verdict = self.guard.before_gpu_point(device)
             timing = None
-            arrived = device.device in self.timed  # free when this sweep began timing it: a job arrived since
             if verdict is None:
                 timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
                 verdict = self.guard.after_gpu_point(device)
-                arrived = True
-            if verdict is not None and verdict.reason is WithheldReason.GPU_BUSY and arrived:
+            # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran.
+            # (Busy at its first point is a job that was there first, or one the guard could only see
+            # once the worker's own context joined it in a separate PID namespace: no reason to stop.)
+            job_arrived = device.device in self.timed
+            if verdict is not None and verdict.reason is WithheldReason.GPU_BUSY and job_arrived:
                 self.yield_to(verdict)
                 return None
         else:
@@ -137,6 +144,11 @@ class _Session:
         if timing is not None and not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock
             raise MeasurementFailed(device.device, f"n={size}", f"impossible median {timing.median_s!r} s at n={size}")
         return timing
+
+    def retry_is_over(self) -> bool:
+        """A retry exists for its GPUs: once none of them can be timed, the CPU is not timed either."""
+        gpus = [d.device for d in self.devices if d.kind == "gpu"]
+        return self.plan.retry and all(gpu in self.withheld | self.failed for gpu in gpus)
 
     def withhold(self, verdict: Withheld) -> None:
         self.withheld.add(verdict.device)
@@ -171,7 +183,8 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     close together in time, and drift on the host affects both alike.
     """
     emit(Environment(dict(backend.environment())))
-    devices = select_devices(backend, plan.devices, emit, plan.given_up)
+    # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
+    devices = select_devices(backend, plan.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     for device in devices:
         emit(device)
     _report_missing_gpus(plan, backend.name, sum(1 for d in devices if d.kind == "gpu"), emit)
