@@ -43,7 +43,7 @@ from gpu_report import render, sweeps_of  # noqa: E402
 from references import MODES, empty_curves, jax_reference, torch_reference  # noqa: E402
 
 from monitor.bench.hostinfo import usable_cpus  # noqa: E402
-from monitor.config import BenchmarkSettings, RefineSettings  # noqa: E402
+from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
@@ -66,7 +66,7 @@ def service_sweep(
         skip_cpu_above_speedup=skip_cpu,
     )
     started = time.monotonic()
-    outcome = run_sweep(Plan.from_settings(bench), timeout_s=bench.timeout_s, cancel=threading.Event())
+    outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=bench.timeout_s, cancel=threading.Event())
     if outcome.snapshot is None:
         return {"failed": outcome.reason, "seconds": time.monotonic() - started}
     first: dict[str, str] = {}  # kind -> device: the first CPU and the first GPU are the curves compared

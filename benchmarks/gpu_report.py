@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from references import MODES, Curves, tighter_bound
+from references import MODES, Curves, ModeCurves, tighter_bound
 
 from monitor.crossover import find_crossover
 
@@ -57,8 +57,8 @@ def _ratio_rows(
     sizes: list[int],
     service: Curves,
     reference: dict[str, Any],
-    cpu_reference: Curves | None,
-    torch_events: Curves | None,
+    cpu_reference: ModeCurves | None,
+    torch_events: ModeCurves | None,
 ) -> list[str]:
     rows = []
     for kind, target_from in (("gpu", GPU_TARGET_FROM), ("cpu", CPU_TARGET_FROM)):

@@ -22,10 +22,14 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-Curves = dict[str, dict[str, dict[int, float]]]  # device kind -> mode -> size -> seconds
-MODES = ("compute", "end_to_end")
+if TYPE_CHECKING:
+    from monitor.model import Mode
+
+ModeCurves = dict[str, dict[int, float]]  # mode -> size -> seconds, for one device
+Curves = dict[str, ModeCurves]  # device kind -> mode -> size -> seconds
+MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 BLOCK_S = 25e-3
 MAX_CALLS = 2000
 

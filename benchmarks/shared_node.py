@@ -34,11 +34,11 @@ sys.path.insert(0, str(REPO))
 from monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from monitor.crossover import find_crossover  # noqa: E402
+from monitor.model import MODES  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 SIZES = (64, 128, 256, 512, 1024, 2048)
-MODES = ("compute", "end_to_end")
 TARGETS = {"cpu": (256, 0.05), "gpu compute": (1024, 0.02), "gpu end_to_end": (1024, 0.05)}
 
 
@@ -52,7 +52,7 @@ def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]
     for n in sizes:
         a, b = torch.rand(n, n), torch.rand(n, n)
         ga, gb = a.to(device), b.to(device)
-        cases = {
+        cases: dict[str, tuple[str, dict[str, Any]]] = {  # name -> (statement, its globals)
             "cpu compute": ("torch.matmul(a, b)", {"a": a, "b": b}),
             "cpu end_to_end": ("torch.matmul(a, b)", {"a": a, "b": b}),
             "gpu compute": ("torch.matmul(ga, gb)", {"ga": ga, "gb": gb}),

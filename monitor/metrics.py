@@ -1,4 +1,6 @@
-"""Every exported metric name, and the collector that renders the latest state (the only prometheus_client importer).
+"""The metric contract as one table (name, type, help, labels), and the collector that renders the latest state.
+
+The only prometheus_client importer.
 
 The collector reads one immutable ServiceState per scrape, so a scrape never sees half a sweep.
 """
@@ -7,8 +9,16 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CollectorRegistry,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -18,105 +28,174 @@ from monitor.model import CrossoverState, ServiceState, Snapshot, SweepResult
 
 Registry = CollectorRegistry  # for modules that hold a registry without importing prometheus_client
 
-# The metric contract: the dashboard, the alert rules and the docs use these names.
-DURATION = "matmul_duration_seconds"
-DURATION_IQR = "matmul_duration_iqr_seconds"
-DURATION_NOISY = "matmul_duration_noisy"
-FLOPS = "matmul_flops_per_second"
-CROSSOVER = "matmul_crossover_size"
-CROSSOVER_LOWER = "matmul_crossover_lower_size"
-CROSSOVER_UPPER = "matmul_crossover_upper_size"
-CROSSOVER_STATE = "matmul_crossover_state"
-CROSSOVER_CI_LOWER = "matmul_crossover_ci_lower_size"
-CROSSOVER_CI_UPPER = "matmul_crossover_ci_upper_size"
-FIXED_COST = "matmul_fixed_cost_seconds"
-PEAK_FLOPS = "matmul_peak_flops_per_second"
-DEVICE_UP = "matmul_device_up"
-DEVICE_INFO = "matmul_device_info"
-BENCHMARK_INFO = "matmul_benchmark_info"
-LAST_SUCCESS = "matmul_sweep_last_success_timestamp_seconds"
-SWEEP_DURATION = "matmul_sweep_duration_seconds"
-SWEEPS = "matmul_sweeps"  # exposed as matmul_sweeps_total
-NEXT_SWEEP = "matmul_sweep_next_timestamp_seconds"
-BUILD_INFO = "matmul_monitor_build_info"
-# The interference guard and what the hardware looked like while it was timed.
-DEVICE_WITHHELD = "matmul_device_withheld"
-DEVICE_MEASURED_AT = "matmul_device_measured_timestamp_seconds"
-CROSSOVER_DERIVED_AT = "matmul_crossover_timestamp_seconds"
-RETRIES = "matmul_busy_retries"  # exposed as matmul_busy_retries_total
-GPU_SM_CLOCK_MIN = "matmul_gpu_sm_clock_min_hertz"
-GPU_SM_CLOCK_MAX = "matmul_gpu_sm_clock_max_hertz"
-GPU_CLOCK_EVENT = "matmul_gpu_clock_event"
-GPU_TEMPERATURE_MAX = "matmul_gpu_temperature_max_celsius"
-GPU_POWER_MAX = "matmul_gpu_power_max_watts"
-GPU_PCIE_GENERATION = "matmul_gpu_pcie_link_generation"
-GPU_PCIE_GENERATION_MAX = "matmul_gpu_pcie_link_generation_max"
-GPU_PCIE_WIDTH = "matmul_gpu_pcie_link_width"
-GPU_PCIE_WIDTH_MAX = "matmul_gpu_pcie_link_width_max"
-GPU_OTHER_PROCESSES = "matmul_gpu_other_processes"
-CPU_OTHER_LOAD = "matmul_cpu_other_load_cores"
-CPU_THROTTLED = "matmul_cpu_throttled_seconds"
-
-# Hardware context gauges: (name, help, the HardwareContext field).
-HARDWARE_GAUGES = (
-    (
-        GPU_SM_CLOCK_MIN,
-        "Lowest SM clock seen after the GPU's points in the sweep its timings come from",
-        "sm_clock_min_hz",
-    ),
-    (GPU_SM_CLOCK_MAX, "The GPU's maximum SM clock", "sm_clock_max_hz"),
-    (GPU_TEMPERATURE_MAX, "Highest GPU temperature seen while it was timed", "temperature_max_c"),
-    (GPU_POWER_MAX, "Highest GPU power draw seen while it was timed", "power_max_w"),
-    (GPU_PCIE_GENERATION, "Lowest PCIe link generation seen while the GPU was timed", "pcie_generation_min"),
-    (GPU_PCIE_GENERATION_MAX, "The PCIe link generation the GPU and its slot can reach", "pcie_generation_max"),
-    (GPU_PCIE_WIDTH, "Narrowest PCIe link width (lanes) seen while the GPU was timed", "pcie_width_min"),
-    (GPU_PCIE_WIDTH_MAX, "The PCIe link width the GPU and its slot can reach", "pcie_width_max"),
-    (GPU_OTHER_PROCESSES, "Most processes of other programs seen on the GPU while it was timed", "other_processes_max"),
-    (
-        CPU_OTHER_LOAD,
-        "Other processes' load on the worker's cores while the CPU was timed, in cores",
-        "other_cpu_cores",
-    ),
-    (CPU_THROTTLED, "Time the container's CPU quota throttled the worker while the CPU was timed", "cpu_throttled_s"),
-)
-
-POINT_LABELS = ["backend", "device", "dtype", "mode", "size"]
-CROSSOVER_LABELS = ["backend", "gpu", "cpu", "dtype", "mode"]
-COST_LABELS = ["backend", "device", "dtype", "mode"]
+POINT_LABELS = ("backend", "device", "dtype", "mode", "size")
+CROSSOVER_LABELS = ("backend", "gpu", "cpu", "dtype", "mode")
+COST_LABELS = ("backend", "device", "dtype", "mode")
+DEVICE_LABELS = ("backend", "device")
 DEVICE_DETAIL_LABELS = ("compute_capability", "threads")
 ENVIRONMENT_LABELS = ("framework_version", "cuda_version", "cudnn_version", "tf32", "cpu_threads")
+BUILD_LABELS = ("version", "python_version", "backend", "framework_version")
+
+Kind = Literal["gauge", "counter", "info"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric of the contract: its name, type, help text and label names, declared once."""
+
+    name: str  # as exposed, but without a counter's _total
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+
+    @property
+    def exposed_name(self) -> str:
+        """The name a scrape shows: counters gain _total."""
+        return self.name + "_total" if self.kind == "counter" else self.name
+
+
+METRICS: dict[str, MetricSpec] = {}
+
+
+def _metric(name: str, help_text: str, labels: tuple[str, ...] = (), kind: Kind = "gauge") -> str:
+    METRICS[name] = MetricSpec(name, kind, help_text, labels)
+    return name
+
+
+# The metric contract: the dashboard, the alert rules and the docs use these names (the README's
+# metrics reference is checked against this table by tests/test_metrics.py).
+DURATION = _metric("matmul_duration_seconds", "Median time of one n×n matrix multiplication", POINT_LABELS)
+DURATION_IQR = _metric("matmul_duration_iqr_seconds", "Interquartile range of that time", POINT_LABELS)
+DURATION_NOISY = _metric(
+    "matmul_duration_noisy", "1 if the spread stayed above the target (a noisy point)", POINT_LABELS
+)
+FLOPS = _metric("matmul_flops_per_second", "Achieved rate, 2·n³ / median", POINT_LABELS)
+CROSSOVER = _metric("matmul_crossover_size", "Matrix size n* from which the GPU beats the CPU", CROSSOVER_LABELS)
+CROSSOVER_LOWER = _metric("matmul_crossover_lower_size", "Lower bound of the bracket around n*", CROSSOVER_LABELS)
+CROSSOVER_UPPER = _metric("matmul_crossover_upper_size", "Upper bound of the bracket around n*", CROSSOVER_LABELS)
+CROSSOVER_STATE = _metric("matmul_crossover_state", "1 for the current crossover state", (*CROSSOVER_LABELS, "state"))
+CROSSOVER_CI_LOWER = _metric("matmul_crossover_ci_lower_size", "Lower 95% confidence bound of n*", CROSSOVER_LABELS)
+CROSSOVER_CI_UPPER = _metric("matmul_crossover_ci_upper_size", "Upper 95% confidence bound of n*", CROSSOVER_LABELS)
+CROSSOVER_DERIVED_AT = _metric(
+    "matmul_crossover_timestamp_seconds", "When the sweep the served crossover comes from ended", CROSSOVER_LABELS
+)
+FIXED_COST = _metric(
+    "matmul_fixed_cost_seconds", "Time of a 1x1 multiplication: dispatch, launch, sync (and copies)", COST_LABELS
+)
+PEAK_FLOPS = _metric(
+    "matmul_peak_flops_per_second", "Rate per FLOP at the largest size once the fixed cost is taken off", COST_LABELS
+)
+DEVICE_UP = _metric(
+    "matmul_device_up",
+    "1 if the device was measured, or withheld as busy, in the latest sweep; 0 if it failed",
+    DEVICE_LABELS,
+)
+DEVICE_INFO = _metric(
+    "matmul_device_info", "Devices the backend found", (*DEVICE_LABELS, "kind", "name", *DEVICE_DETAIL_LABELS), "info"
+)
+BENCHMARK_INFO = _metric(
+    "matmul_benchmark_info", "Settings and versions that change the answer", ("backend", *ENVIRONMENT_LABELS), "info"
+)
+LAST_SUCCESS = _metric("matmul_sweep_last_success_timestamp_seconds", "When the latest successful sweep ended")
+SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took")
+SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
+NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")
+BUILD_INFO = _metric(
+    "matmul_monitor_build_info", "crossover-monitor build and framework versions", BUILD_LABELS, "info"
+)
+# The interference guard and what the hardware looked like while it was timed.
+DEVICE_WITHHELD = _metric(
+    "matmul_device_withheld",
+    "1 if the device's timings of the latest sweep were withheld: other work was (or may have been) on it",
+    (*DEVICE_LABELS, "reason"),
+)
+DEVICE_MEASURED_AT = _metric(
+    "matmul_device_measured_timestamp_seconds",
+    "When the device's served timings were measured (older while it is withheld)",
+    DEVICE_LABELS,
+)
+RETRIES = _metric("matmul_busy_retries", "Retries of GPUs withheld as busy, by how they ended", ("result",), "counter")
+GPU_CLOCK_EVENT = _metric(
+    "matmul_gpu_clock_event",
+    "1 for each clock-event (throttle) reason seen while the GPU was timed",
+    (*DEVICE_LABELS, "reason"),
+)
+
+# What the hardware looked like while a device was timed (HardwareContext), one gauge per field.
+GPU_SM_CLOCK_MIN = _metric(
+    "matmul_gpu_sm_clock_min_hertz",
+    "Lowest SM clock seen after the GPU's points in the sweep its timings come from",
+    DEVICE_LABELS,
+)
+GPU_SM_CLOCK_MAX = _metric("matmul_gpu_sm_clock_max_hertz", "The GPU's maximum SM clock", DEVICE_LABELS)
+GPU_TEMPERATURE_MAX = _metric(
+    "matmul_gpu_temperature_max_celsius", "Highest GPU temperature seen while it was timed", DEVICE_LABELS
+)
+GPU_POWER_MAX = _metric("matmul_gpu_power_max_watts", "Highest GPU power draw seen while it was timed", DEVICE_LABELS)
+GPU_PCIE_GENERATION = _metric(
+    "matmul_gpu_pcie_link_generation", "Lowest PCIe link generation seen while the GPU was timed", DEVICE_LABELS
+)
+GPU_PCIE_GENERATION_MAX = _metric(
+    "matmul_gpu_pcie_link_generation_max", "The PCIe link generation the GPU and its slot can reach", DEVICE_LABELS
+)
+GPU_PCIE_WIDTH = _metric(
+    "matmul_gpu_pcie_link_width", "Narrowest PCIe link width (lanes) seen while the GPU was timed", DEVICE_LABELS
+)
+GPU_PCIE_WIDTH_MAX = _metric(
+    "matmul_gpu_pcie_link_width_max", "The PCIe link width the GPU and its slot can reach", DEVICE_LABELS
+)
+GPU_OTHER_PROCESSES = _metric(
+    "matmul_gpu_other_processes", "Most processes of other programs seen on the GPU while it was timed", DEVICE_LABELS
+)
+CPU_OTHER_LOAD = _metric(
+    "matmul_cpu_other_load_cores",
+    "Other processes' load on the worker's cores while the CPU was timed, in cores",
+    DEVICE_LABELS,
+)
+CPU_THROTTLED = _metric(
+    "matmul_cpu_throttled_seconds",
+    "Time the container's CPU quota throttled the worker while the CPU was timed",
+    DEVICE_LABELS,
+)
+HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
+    (GPU_SM_CLOCK_MIN, "sm_clock_min_hz"),
+    (GPU_SM_CLOCK_MAX, "sm_clock_max_hz"),
+    (GPU_TEMPERATURE_MAX, "temperature_max_c"),
+    (GPU_POWER_MAX, "power_max_w"),
+    (GPU_PCIE_GENERATION, "pcie_generation_min"),
+    (GPU_PCIE_GENERATION_MAX, "pcie_generation_max"),
+    (GPU_PCIE_WIDTH, "pcie_width_min"),
+    (GPU_PCIE_WIDTH_MAX, "pcie_width_max"),
+    (GPU_OTHER_PROCESSES, "other_processes_max"),
+    (CPU_OTHER_LOAD, "other_cpu_cores"),
+    (CPU_THROTTLED, "cpu_throttled_s"),
+)
 
 # Every name a scrape can contain (counters with their _total suffix): the dashboard and rules tests use it.
-EXPOSED_NAMES = frozenset(
-    {
-        DURATION,
-        DURATION_IQR,
-        DURATION_NOISY,
-        FLOPS,
-        CROSSOVER,
-        CROSSOVER_LOWER,
-        CROSSOVER_UPPER,
-        CROSSOVER_STATE,
-        CROSSOVER_CI_LOWER,
-        CROSSOVER_CI_UPPER,
-        FIXED_COST,
-        PEAK_FLOPS,
-        DEVICE_UP,
-        DEVICE_INFO,
-        BENCHMARK_INFO,
-        LAST_SUCCESS,
-        SWEEP_DURATION,
-        SWEEPS + "_total",
-        NEXT_SWEEP,
-        BUILD_INFO,
-        DEVICE_WITHHELD,
-        DEVICE_MEASURED_AT,
-        CROSSOVER_DERIVED_AT,
-        RETRIES + "_total",
-        GPU_CLOCK_EVENT,
-        *(name for name, _, _ in HARDWARE_GAUGES),
-    }
-)
+EXPOSED_NAMES = frozenset(spec.exposed_name for spec in METRICS.values())
+
+
+def _spec(name: str, kind: Kind) -> MetricSpec:
+    spec = METRICS[name]
+    if spec.kind != kind:
+        raise TypeError(f"{name} is a {spec.kind}, not a {kind}")
+    return spec
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    spec = _spec(name, "gauge")
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+def _counter(name: str) -> CounterMetricFamily:
+    spec = _spec(name, "counter")
+    return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+def _info(name: str) -> InfoMetricFamily:
+    """An info family: its name without _info (the library adds it back), its values as labels."""
+    spec = _spec(name, "info")
+    return InfoMetricFamily(spec.name.removesuffix("_info"), spec.help, labels=spec.labels)
 
 
 class StateCollector(Collector):
@@ -140,29 +219,28 @@ class StateCollector(Collector):
         yield from self._device_metrics(state)
         yield from self._point_metrics(state)
         yield from self._crossover_metrics(state)
-        build = GaugeMetricFamily(
-            BUILD_INFO, "crossover-monitor build and framework versions", labels=list(self._build_labels)
-        )
-        build.add_metric(list(self._build_labels.values()), 1)
+        build = _info(BUILD_INFO)
+        build.add_metric([self._build_labels[k] for k in BUILD_LABELS], {})
         yield build
 
     def _sweep_metrics(self, state: ServiceState) -> Iterator[Metric]:
-        sweeps = CounterMetricFamily(SWEEPS, "Sweeps by how they ended", labels=["result"])
+        sweeps = _counter(SWEEPS)
         for result in SweepResult:
             sweeps.add_metric([result.value], state.count(result))
         yield sweeps
-        retries = CounterMetricFamily(RETRIES, "Retries of GPUs withheld as busy, by how they ended", labels=["result"])
+        retries = _counter(RETRIES)
         for retry, count in state.retries:
             retries.add_metric([retry.value], count)
         yield retries
-        if state.last_outcome is not None:
-            yield GaugeMetricFamily(
-                SWEEP_DURATION, "How long the latest sweep took", value=state.last_outcome.duration_s
-            )
-        if state.last_success_at is not None:
-            yield GaugeMetricFamily(LAST_SUCCESS, "When the latest successful sweep ended", value=state.last_success_at)
-        if state.next_sweep_at is not None:
-            yield GaugeMetricFamily(NEXT_SWEEP, "When the next sweep is due", value=state.next_sweep_at)
+        for name, value in (
+            (SWEEP_DURATION, state.last_outcome.duration_s if state.last_outcome is not None else None),
+            (LAST_SUCCESS, state.last_success_at),
+            (NEXT_SWEEP, state.next_sweep_at),
+        ):
+            if value is not None:
+                gauge = _gauge(name)
+                gauge.add_metric([], value)
+                yield gauge
 
     def _device_metrics(self, state: ServiceState) -> Iterator[Metric]:
         latest = state.latest
@@ -172,16 +250,8 @@ class StateCollector(Collector):
         # sweep whose worker died measured nothing, so every device is down.
         completed = state.last_outcome is not None and state.last_outcome.snapshot is not None
         failed = {f.device for f in latest.failures if f.point is None}
-        up = GaugeMetricFamily(
-            DEVICE_UP,
-            "1 if the device was measured, or withheld as busy, in the latest sweep; 0 if it failed",
-            labels=["backend", "device"],
-        )
-        info = GaugeMetricFamily(
-            DEVICE_INFO,
-            "Devices the backend found",
-            labels=["backend", "device", "kind", "name", *DEVICE_DETAIL_LABELS],
-        )
+        up = _gauge(DEVICE_UP)
+        info = _info(DEVICE_INFO)
         seen = set()
         for device in latest.devices:
             seen.add((device.backend, device.device))
@@ -194,7 +264,7 @@ class StateCollector(Collector):
                     device.name,
                     *(details.get(k, "") for k in DEVICE_DETAIL_LABELS),
                 ],
-                1,
+                {},
             )
             # Measured or withheld; a GPU whose every point failed (out of memory, say) measured nothing: down.
             works = device.device in latest.measured_devices | latest.withheld_devices
@@ -208,43 +278,28 @@ class StateCollector(Collector):
         yield up
         yield info
         environment = dict(latest.environment)
-        bench = GaugeMetricFamily(
-            BENCHMARK_INFO, "Settings and versions that change the answer", labels=["backend", *ENVIRONMENT_LABELS]
-        )
-        bench.add_metric([self._build_labels["backend"], *(environment.get(k, "") for k in ENVIRONMENT_LABELS)], 1)
+        bench = _info(BENCHMARK_INFO)
+        bench.add_metric([self._build_labels["backend"], *(environment.get(k, "") for k in ENVIRONMENT_LABELS)], {})
         yield bench
         yield from self._guard_metrics(latest)
 
     def _guard_metrics(self, latest: Snapshot) -> Iterator[Metric]:
-        labels = ["backend", "device"]
-        withheld = GaugeMetricFamily(
-            DEVICE_WITHHELD,
-            "1 if the device's timings of the latest sweep were withheld: other work was (or may have been) on it",
-            labels=[*labels, "reason"],
-        )
+        withheld = _gauge(DEVICE_WITHHELD)
         for w in latest.withheld:
             withheld.add_metric([w.backend, w.device, w.reason.value], 1)
         yield withheld
         backends = {d.device: d.backend for d in latest.devices}
-        measured_at = GaugeMetricFamily(
-            DEVICE_MEASURED_AT,
-            "When the device's served timings were measured (older while it is withheld)",
-            labels=labels,
-        )
+        measured_at = _gauge(DEVICE_MEASURED_AT)
         for device, when in latest.measured_at:
             measured_at.add_metric([backends.get(device, ""), device], when)
         yield measured_at
-        events = GaugeMetricFamily(
-            GPU_CLOCK_EVENT,
-            "1 for each clock-event (throttle) reason seen while the GPU was timed",
-            labels=[*labels, "reason"],
-        )
+        events = _gauge(GPU_CLOCK_EVENT)
         for h in latest.hardware:
             for reason in h.clock_events:
                 events.add_metric([h.backend, h.device, reason], 1)
         yield events
-        for name, help_text, attribute in HARDWARE_GAUGES:
-            gauge = GaugeMetricFamily(name, help_text, labels=labels)
+        for name, attribute in HARDWARE_GAUGES:
+            gauge = _gauge(name)
             for h in latest.hardware:
                 value = getattr(h, attribute)
                 if value is not None:
@@ -254,12 +309,7 @@ class StateCollector(Collector):
     def _point_metrics(self, state: ServiceState) -> Iterator[Metric]:
         if state.latest is None:
             return
-        duration = GaugeMetricFamily(DURATION, "Median time of one n×n matrix multiplication", labels=POINT_LABELS)
-        iqr = GaugeMetricFamily(DURATION_IQR, "Interquartile range of that time", labels=POINT_LABELS)
-        noisy = GaugeMetricFamily(
-            DURATION_NOISY, "1 if the spread stayed above the target (a noisy point)", labels=POINT_LABELS
-        )
-        flops = GaugeMetricFamily(FLOPS, "Achieved rate, 2·n³ / median", labels=POINT_LABELS)
+        duration, iqr, noisy, flops = (_gauge(n) for n in (DURATION, DURATION_IQR, DURATION_NOISY, FLOPS))
         # Only configured sizes become series: probe and refinement sizes vary between sweeps.
         for m in (m for m in state.latest.measurements if m.role == "sweep"):
             labels = [m.key.backend, m.key.device, m.key.dtype, m.key.mode, str(m.key.size)]
@@ -268,12 +318,7 @@ class StateCollector(Collector):
             noisy.add_metric(labels, 1 if m.timing.noisy else 0)
             flops.add_metric(labels, m.flops_per_second)
         yield from (duration, iqr, noisy, flops)
-        fixed = GaugeMetricFamily(
-            FIXED_COST, "Time of a 1x1 multiplication: dispatch, launch, sync (and copies)", labels=COST_LABELS
-        )
-        peak = GaugeMetricFamily(
-            PEAK_FLOPS, "Rate per FLOP at the largest size once the fixed cost is taken off", labels=COST_LABELS
-        )
+        fixed, peak = _gauge(FIXED_COST), _gauge(PEAK_FLOPS)
         for cost in state.latest.costs:
             labels = [cost.backend, cost.device, cost.dtype, cost.mode]
             fixed.add_metric(labels, cost.fixed_s)
@@ -284,16 +329,17 @@ class StateCollector(Collector):
     def _crossover_metrics(self, state: ServiceState) -> Iterator[Metric]:
         if state.latest is None:
             return
-        size = GaugeMetricFamily(CROSSOVER, "Matrix size n* from which the GPU beats the CPU", labels=CROSSOVER_LABELS)
-        lower = GaugeMetricFamily(CROSSOVER_LOWER, "Lower bound of the bracket around n*", labels=CROSSOVER_LABELS)
-        upper = GaugeMetricFamily(CROSSOVER_UPPER, "Upper bound of the bracket around n*", labels=CROSSOVER_LABELS)
-        states = GaugeMetricFamily(
-            CROSSOVER_STATE, "1 for the current crossover state", labels=[*CROSSOVER_LABELS, "state"]
-        )
-        ci_lower = GaugeMetricFamily(CROSSOVER_CI_LOWER, "Lower 95% confidence bound of n*", labels=CROSSOVER_LABELS)
-        ci_upper = GaugeMetricFamily(CROSSOVER_CI_UPPER, "Upper 95% confidence bound of n*", labels=CROSSOVER_LABELS)
-        derived_at = GaugeMetricFamily(
-            CROSSOVER_DERIVED_AT, "When the sweep the served crossover comes from ended", labels=CROSSOVER_LABELS
+        size, lower, upper, states, ci_lower, ci_upper, derived_at = (
+            _gauge(n)
+            for n in (
+                CROSSOVER,
+                CROSSOVER_LOWER,
+                CROSSOVER_UPPER,
+                CROSSOVER_STATE,
+                CROSSOVER_CI_LOWER,
+                CROSSOVER_CI_UPPER,
+                CROSSOVER_DERIVED_AT,
+            )
         )
         for c in state.latest.crossovers:
             labels = [c.backend, c.gpu, c.cpu, c.dtype, c.mode]

@@ -40,7 +40,7 @@ ADDED_SINCE_RECORDING = {
     metrics.CROSSOVER_DERIVED_AT,
     metrics.RETRIES + "_total",
     metrics.GPU_CLOCK_EVENT,
-    *(name for name, _, _ in metrics.HARDWARE_GAUGES),
+    *(name for name, _ in metrics.HARDWARE_GAUGES),
 }
 
 
