@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
-from monitor.model import CostModel, Measurement, Mode
+from monitor.model import CostModel, Measurement, curves
 
 
 def cost_models(measurements: Iterable[Measurement]) -> tuple[CostModel, ...]:
@@ -14,22 +15,19 @@ def cost_models(measurements: Iterable[Measurement]) -> tuple[CostModel, ...]:
     synchronisation (plus the copies in end_to_end mode). The rate at the largest size, after
     taking the fixed cost off, is what each further FLOP costs.
     """
-    curves: dict[tuple[str, str, str, Mode], dict[int, float]] = {}
-    for m in measurements:
-        curves.setdefault((m.key.backend, m.key.device, m.key.dtype, m.key.mode), {})[m.key.size] = m.timing.median_s
     models = []
-    for (backend, device, dtype, mode), times in sorted(curves.items()):
-        if 1 not in times:
+    for key, points in sorted(curves(measurements).items(), key=lambda item: dataclasses.astuple(item[0])):
+        if 1 not in points:
             continue
-        fixed = times[1]
-        largest = max(times)
-        excess = times[largest] - fixed
+        fixed = points[1].timing.median_s
+        largest = max(points)
+        excess = points[largest].timing.median_s - fixed
         models.append(
             CostModel(
-                backend=backend,
-                device=device,
-                dtype=dtype,
-                mode=mode,
+                backend=key.backend,
+                device=key.device,
+                dtype=key.dtype,
+                mode=key.mode,
                 fixed_s=fixed,
                 peak_flops=2.0 * largest**3 / excess if largest > 1 and excess > 0 else None,
                 largest_size=largest,

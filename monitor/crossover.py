@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode
+from monitor.model import curves as group_curves
 
 BOOTSTRAP_RESAMPLES = 200
 CONFIDENCE = 0.95
@@ -90,13 +91,13 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
     found but measured nothing gets no crossover (its ``matmul_device_up`` says why).
     """
-    curves: dict[tuple[str, str, str, Mode], dict[int, _Point]] = {}
-    for m in measurements:
-        if m.role == "probe":  # the n=1 fixed-cost probe was not asked for; it must not sway the state
-            continue
-        key = (m.key.backend, m.key.device, m.key.dtype, m.key.mode)
-        samples = m.timing.samples_s or (m.timing.median_s,)
-        curves.setdefault(key, {})[m.key.size] = _Point(m.timing.median_s, samples)
+    # The n=1 fixed-cost probe was not asked for: it must not sway the state.
+    curves = {
+        (key.backend, key.device, key.dtype, key.mode): {
+            n: _Point(m.timing.median_s, m.timing.samples_s or (m.timing.median_s,)) for n, m in points.items()
+        }
+        for key, points in group_curves(measurements, roles=("sweep", "refine")).items()
+    }
     devices = list(devices)
     gpus = [d for d in devices if d.kind == "gpu"]
     cpus = [d for d in devices if d.kind == "cpu"]

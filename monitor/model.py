@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -121,6 +122,29 @@ class Measurement:
     def flops_per_second(self) -> float:
         n = self.key.size
         return 2.0 * n**3 / self.timing.median_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveKey:
+    """One curve: a device's times over sizes, for one backend, dtype and mode."""
+
+    backend: str
+    device: str
+    dtype: str
+    mode: Mode
+
+
+Curves = dict[CurveKey, dict[int, Measurement]]
+
+
+def curves(measurements: Iterable[Measurement], *, roles: Collection[Role] = ("sweep", "probe", "refine")) -> Curves:
+    """The measurements grouped into curves, size -> measurement, in the order first seen (only the given roles)."""
+    found: Curves = {}
+    for m in measurements:
+        if m.role in roles:
+            key = CurveKey(backend=m.key.backend, device=m.key.device, dtype=m.key.dtype, mode=m.key.mode)
+            found.setdefault(key, {})[m.key.size] = m
+    return found
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,7 +7,7 @@ import enum
 import json
 from typing import Any
 
-from monitor.model import Crossover, CrossoverState, HardwareContext, Measurement, SweepOutcome
+from monitor.model import Crossover, CrossoverState, HardwareContext, SweepOutcome, curves
 
 
 def _format_seconds(seconds: float) -> str:
@@ -64,11 +64,9 @@ def render_table(outcome: SweepOutcome) -> str:
         return "\n".join(lines)
     lines += [f"{k}: {v}" for k, v in snapshot.environment]
     speedups = _speedups(outcome)
-    groups: dict[tuple[str, str, str], list[Measurement]] = {}
-    for m in snapshot.measurements:
-        groups.setdefault((m.key.device, m.key.dtype, m.key.mode), []).append(m)
     names = {d.device: d.name for d in snapshot.devices}
-    for (device, dtype, mode), points in groups.items():
+    for key, curve in curves(snapshot.measurements).items():
+        device, dtype, mode, points = key.device, key.dtype, key.mode, list(curve.values())
         lines += ["", f"{device} ({names.get(device, '?')})  {dtype}  {mode}"]
         lines.append(f"{'size':>7} {'median':>10} {'IQR':>10} {'GFLOP/s':>9} {'GPU speed-up':>12}")
         for m in sorted(points, key=lambda p: p.key.size):
