@@ -37,9 +37,9 @@ from monitor.bench.hostinfo import usable_cpus  # noqa: E402
 from monitor.bench.tensorflow_backend import TensorFlowBackend  # noqa: E402
 from monitor.bench.timing import measure  # noqa: E402
 from monitor.config import TimingSettings  # noqa: E402
+from monitor.model import MODES, Mode  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
-MODES = ("compute", "end_to_end")
 
 
 def plain(n: int, mode: str) -> float:
@@ -65,7 +65,7 @@ def main() -> None:
     backend = TensorFlowBackend(BackendOptions(tf32=False, cpu_threads=threads))
     cpu = backend.discover()[0]
     settings = TimingSettings()
-    ratios: dict[tuple[str, int], tuple[float, float, float]] = {}
+    ratios: dict[tuple[Mode, int], tuple[float, float, float]] = {}
     for mode in MODES:
         for n in SIZES:
             service_runs, plain_runs = [], []

@@ -159,7 +159,7 @@ def idle_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
             for name, points in reference_before.items()
         }
         reference_before = reference_after
-        row = {
+        row: dict[str, Any] = {
             "service": service,
             "peer": reference,
             "ratios": ratios(service, reference, args.gpu),

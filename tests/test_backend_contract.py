@@ -19,7 +19,7 @@ from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.bench.timing import measure
 from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from monitor.model import DTYPES, MODES, DeviceFailure, DeviceInfo, Measurement, SweepResult
+from monitor.model import DTYPES, MODES, DeviceFailure, DeviceInfo, Measurement, Mode, SweepResult
 from monitor.protocol import Environment, Message
 from monitor.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan
@@ -63,7 +63,7 @@ def test_environment_records_what_changes_the_answer(backend: CheckedBackend) ->
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_products_match_numpy_in_float64(backend: CheckedBackend, cpu: DeviceInfo, dtype: str, mode: str) -> None:
+def test_products_match_numpy_in_float64(backend: CheckedBackend, cpu: DeviceInfo, dtype: str, mode: Mode) -> None:
     """The block that is timed computes A·B to within a few roundoffs of the dtype (a float32 stand-in fails)."""
     error = backend.check(cpu, CHECK_SIZE, dtype, mode)
     assert 0 <= error <= 2 * math.sqrt(CHECK_SIZE) * EPSILON[dtype]
@@ -71,7 +71,7 @@ def test_products_match_numpy_in_float64(backend: CheckedBackend, cpu: DeviceInf
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_timing_loop_gives_positive_medians(backend: CheckedBackend, cpu: DeviceInfo, dtype: str, mode: str) -> None:
+def test_timing_loop_gives_positive_medians(backend: CheckedBackend, cpu: DeviceInfo, dtype: str, mode: Mode) -> None:
     """prepare() returns a block the timing loop can warm up, calibrate and repeat."""
     timing = measure(backend.prepare(cpu, 32, dtype, mode), QUICK_TIMING, time.perf_counter)
     assert timing.median_s > 0

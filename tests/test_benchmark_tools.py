@@ -65,9 +65,12 @@ def test_recorded_report_is_what_its_data_renders_to(recorded: Path) -> None:
     assert rendered == recorded.with_suffix(".md").read_text()
 
 
-def kernel_blocks(blocks: int, calls: int, kernel_ns: list[float], *, call_gap: float, block_gap: float) -> list:
+def kernel_blocks(
+    blocks: int, calls: int, kernel_ns: list[float], *, call_gap: float, block_gap: float
+) -> list[references.Kernel]:
     """Kernels of back-to-back calls (``kernel_ns`` long each, ``call_gap`` apart), blocks ``block_gap`` apart."""
-    kernels, clock = [], 0.0
+    kernels: list[references.Kernel] = []
+    clock = 0.0
     for _ in range(blocks):
         for _ in range(calls):
             for length in kernel_ns:

@@ -16,8 +16,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor.config import ConfigError, load_settings
-from monitor.errors import EXIT_CONFIG
+from monitor.config import load_settings
+from monitor.errors import EXIT_CONFIG, ConfigError, Problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 
@@ -174,6 +174,7 @@ def test_any_document_is_accepted_and_usable_or_refused_clearly(tmp_path: Path, 
     """Fuzz: every document either loads into settings that `run` can use, or raises ConfigError; nothing else."""
     path = tmp_path / "fuzz.yaml"
     path.write_text(yaml.safe_dump(document, allow_unicode=True), encoding="utf-8")
+    problems: tuple[Problem, ...] | None
     try:
         loaded = load_settings(path)
     except ConfigError as exc:

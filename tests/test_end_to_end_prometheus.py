@@ -204,12 +204,16 @@ def test_latest_sweep_chart_has_each_device_and_mode_and_a_line_at_each_crossove
 
 def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Stack) -> None:
     """Each rule's expression runs through /api/v1/query; each recorded series exists (the fake GPU feeds them)."""
+
+    def has_data(record: str) -> Callable[[], bool]:
+        return lambda: bool(stack.query(record))
+
     for rule in load_rules():
         stack.query(rule["expr"])  # alerts are quiet on healthy services: evaluating without error is the point
         if "record" in rule:
             record = rule["record"]
             # A rule evaluated between a target's first and second scrape records nothing until the next round.
-            wait_until(lambda record=record: bool(stack.query(record)), 5, f"{record} to record something")
+            wait_until(has_data(record), 5, f"{record} to record something")
 
 
 def test_rules_are_loaded_and_healthy(stack: Stack) -> None:

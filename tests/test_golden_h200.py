@@ -63,8 +63,8 @@ def _snapshot_from(samples: Samples) -> ServiceState:
             DeviceInfo(
                 backend=labels["backend"],
                 device=labels["device"],
-                kind=labels["kind"],
-                name=labels["name"],  # type: ignore[arg-type]
+                kind="gpu" if labels["kind"] == "gpu" else "cpu",
+                name=labels["name"],
                 details=details,
             )
         )

@@ -17,11 +17,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
 from monitor.bench.hostinfo import ProcStatMeter
 from monitor.bench.runner import run_plan
 from monitor.carry import merge
@@ -32,6 +33,7 @@ from monitor.model import (
     Measurement,
     Mode,
     RetryResult,
+    SweepOutcome,
     SweepResult,
     Withheld,
     WithheldReason,
@@ -101,11 +103,11 @@ class FakeHost:
         return HostLoad(other_cores=load, throttled_s=0.0)
 
 
-def _guard(probe: object | None, host: FakeHost | None = None, **settings: object) -> Guard:
+def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any) -> Guard:
     sleeps: list[float] = []
     return Guard(
-        GuardSettings(**settings),  # type: ignore[arg-type]
-        gpu_probe=probe,  # type: ignore[arg-type]
+        GuardSettings(**settings),
+        gpu_probe=probe,
         gpu_probe_problem="nvidia-ml-py is not installed",
         host=host,
         own_pid=OWN_PID,
@@ -208,7 +210,7 @@ class _ThreadWorker:
         return ""
 
 
-def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, object]:
+def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, SweepOutcome]:
     plan = plan or make_plan("fake", modes=("compute",))
     guard = _guard(FakeProbe(script))
     outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: _ThreadWorker(p, guard))
@@ -218,8 +220,9 @@ def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tupl
 def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> None:
     """Points timed before the job appeared are dropped too; the crossover says withheld, not a number."""
     _, outcome = _sweep(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
-    snapshot = outcome.snapshot  # type: ignore[attr-defined]
-    assert outcome.result is SweepResult.SUCCESS  # type: ignore[attr-defined]  # busy is not a failure
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert outcome.result is SweepResult.SUCCESS  # busy is not a failure
     assert not snapshot.measurements  # the CPU yielded to the job as well
     assert {c.state for c in snapshot.crossovers} == {CrossoverState.WITHHELD}
     assert snapshot.withheld_devices == {"/GPU:0", "/CPU:0"}
@@ -229,7 +232,8 @@ def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> 
 def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
     """A job that was there before the sweep began is no reason to stop: the CPU and other GPUs go on."""
     _, outcome = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
-    snapshot = outcome.snapshot  # type: ignore[attr-defined]
+    snapshot = outcome.snapshot
+    assert snapshot is not None
     assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
     assert snapshot.withheld_devices == {"/GPU:0"}
 
@@ -238,11 +242,11 @@ def test_a_busy_gpu_keeps_its_last_good_timings_with_their_age() -> None:
     """The served snapshot carries the GPU's previous timings, crossover and measurement time over."""
     store = StateStore()
     _, good = _sweep(lambda _: IDLE)
-    store.record(good)  # type: ignore[arg-type]
+    store.record(good)
     first = store.read().latest
     assert first is not None
     _, busy = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
-    store.record(busy)  # type: ignore[arg-type]
+    store.record(busy)
     served = store.read().latest
     assert served is not None
     gpu_then = {m.key.size: m.timing.median_s for m in first.measurements if m.key.device == "/GPU:0"}
@@ -260,22 +264,23 @@ def test_a_retry_that_measures_the_gpu_replaces_what_was_carried() -> None:
     """A retry of only the busy GPU (and the CPU) is laid over the served snapshot; nothing stays withheld."""
     store = StateStore()
     for script in (lambda _: IDLE, lambda _: dataclasses.replace(IDLE, processes=(JOB,))):
-        store.record(_sweep(script)[1])  # type: ignore[arg-type]
+        store.record(_sweep(script)[1])
     before = store.read().latest
     assert before is not None
     _, retry = _sweep(lambda _: IDLE, make_plan("fake", modes=("compute",), devices=("/CPU:0", "/GPU:0")))
-    assert store.record_retry(retry).value == "measured"  # type: ignore[arg-type]
+    assert store.record_retry(retry).value == "measured"
     served = store.read().latest
     assert served is not None
     assert not served.withheld
     assert dict(served.measured_at)["/GPU:0"] > dict(before.measured_at)["/GPU:0"]
-    assert dict(store.read().retries)[store.record_retry(retry)] >= 1  # type: ignore[arg-type]
+    assert dict(store.read().retries)[store.record_retry(retry)] >= 1
 
 
 def test_merge_drops_a_device_that_failed() -> None:
     """A device that failed in the new sweep is never carried over: its series go."""
     _, good = _sweep(lambda _: IDLE)
-    snapshot = good.snapshot  # type: ignore[attr-defined]
+    snapshot = good.snapshot
+    assert snapshot is not None
     from monitor.model import DeviceFailure  # noqa: PLC0415
 
     failed = dataclasses.replace(
@@ -289,7 +294,7 @@ def test_merge_drops_a_device_that_failed() -> None:
 
 
 @pytest.mark.parametrize("probe", [None, FailingProbe()], ids=["nvml-missing", "nvml-failing"])
-def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: object | None) -> None:
+def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: GpuProbe | None) -> None:
     """NVML missing or failing: a clear state and reason, never a crash and never an unguarded timing."""
     backend, messages = _run(_guard(probe))
     (withheld,) = _withheld(messages)
@@ -425,7 +430,7 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
         "benchmark: {backend: torch, devices: [cpu], sizes: [128, 256], modes: [compute], refine: {enabled: false}}\n"
     )
 
-    def once() -> dict[str, object]:
+    def once() -> dict[str, Any]:
         done = subprocess.run(
             [sys.executable, "-m", "monitor", "once", "--json", "--config", str(config)],
             capture_output=True,
@@ -434,14 +439,10 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
             check=False,
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)["snapshot"]  # type: ignore[no-any-return]
+        return json.loads(done.stdout)["snapshot"]
 
-    def medians(snapshot: dict[str, object]) -> dict[int, float]:
-        return {
-            m["key"]["size"]: m["timing"]["median_s"]  # type: ignore[index]
-            for m in snapshot["measurements"]  # type: ignore[attr-defined]
-            if m["role"] == "sweep"  # type: ignore[index]
-        }
+    def medians(snapshot: dict[str, Any]) -> dict[int, float]:
+        return {m["key"]["size"]: m["timing"]["median_s"] for m in snapshot["measurements"] if m["role"] == "sweep"}
 
     idle = medians(once())
     assert set(idle) == {128, 256}
@@ -451,7 +452,7 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
     finally:
         spinner.kill()
         spinner.wait()
-    withheld = [w for w in busy["withheld"] if w["device"] == "cpu"]  # type: ignore[attr-defined]
+    withheld = [w for w in busy["withheld"] if w["device"] == "cpu"]
     if withheld:
         assert withheld[0]["reason"] == "cpu_contended"
         assert not medians(busy)
@@ -483,7 +484,7 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     )
     # A second instead of the configurable minimum of 10 s, to keep the test short.
     settings = dataclasses.replace(settings, guard=dataclasses.replace(settings.guard, retry_interval_s=1.0))
-    service = Service(settings, launch=launch)  # type: ignore[arg-type]
+    service = Service(settings, launch=launch)
     thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
     thread.start()
     try:

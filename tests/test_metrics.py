@@ -38,8 +38,18 @@ def _snapshot(at: float) -> Snapshot:
     )
     key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
     crossover = Crossover(
-        state=CrossoverState.FOUND, size=300.0, lower=256, upper=512, ci_lower=280.0, ci_upper=330.0, **PAIR
-    )  # type: ignore[arg-type]
+        backend=PAIR["backend"],
+        gpu=PAIR["gpu"],
+        cpu=PAIR["cpu"],
+        dtype=PAIR["dtype"],
+        mode="compute",
+        state=CrossoverState.FOUND,
+        size=300.0,
+        lower=256,
+        upper=512,
+        ci_lower=280.0,
+        ci_upper=330.0,
+    )
     probe = Measurement(
         key=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1),
         timing=timing,

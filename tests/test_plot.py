@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from monitor.cli import main
@@ -17,6 +18,7 @@ from monitor.model import (
     DeviceInfo,
     Measurement,
     PointKey,
+    Role,
     ServiceState,
     Snapshot,
     StopReason,
@@ -51,13 +53,14 @@ def _timing(seconds: float) -> Timing:
 def _snapshot(devices: tuple[DeviceInfo, ...] = (CPU, GPU), dtypes: tuple[str, ...] = ("float32",)) -> Snapshot:
     """A sweep of the fake known curves (crossover near n=46 in compute mode), with refinement points too."""
     measurements = []
+    points: list[tuple[int, Role]] = [*((n, "sweep") for n in SIZES), (45, "refine"), (47, "refine")]
     for dtype in dtypes:
         for mode in ("compute", "end_to_end"):
             for device in devices:
-                for size, role in [*((n, "sweep") for n in SIZES), (45, "refine"), (47, "refine")]:
+                for size, role in points:
                     seconds = cpu_seconds(size) if device.kind == "cpu" else gpu_seconds(size, mode)
                     key = PointKey(backend="fake", device=device.device, dtype=dtype, mode=mode, size=size)
-                    measurements.append(Measurement(key=key, timing=_timing(seconds), role=role))  # type: ignore[arg-type]
+                    measurements.append(Measurement(key=key, timing=_timing(seconds), role=role))
     return Snapshot(
         started_at=FINISHED_AT - 5,
         finished_at=FINISHED_AT,
@@ -108,7 +111,7 @@ def _summary(chart: Chart) -> tuple[object, ...]:
     )
 
 
-def test_json_file_and_live_metrics_give_the_same_chart(tmp_path: Path, serve) -> None:
+def test_json_file_and_live_metrics_give_the_same_chart(tmp_path: Path, serve: Callable[[ServiceState], str]) -> None:
     """A sweep read from `once --json` and from the service's /metrics yields identical points and crossovers."""
     snapshot = _snapshot()
     from_file = from_json(_json_file(tmp_path, snapshot))
@@ -146,7 +149,7 @@ def test_file_that_is_not_once_json_is_refused(tmp_path: Path) -> None:
         from_json(path)
 
 
-def test_service_without_a_completed_sweep_has_nothing_to_draw(serve) -> None:
+def test_service_without_a_completed_sweep_has_nothing_to_draw(serve: Callable[[ServiceState], str]) -> None:
     """A live service that has not finished a sweep yet is reported as such, not drawn empty."""
     with pytest.raises(PlotError, match="no timings to draw yet"):
         from_url(serve(ServiceState()))
@@ -163,7 +166,7 @@ def test_unreachable_and_non_http_urls_are_reported() -> None:
         from_url("http://localhost:abc/metrics")
 
 
-def test_a_page_that_is_not_metrics_is_reported(serve) -> None:
+def test_a_page_that_is_not_metrics_is_reported(serve: Callable[[ServiceState], str]) -> None:
     """Pointing --from-url at the service's HTML index (not /metrics) says it did not answer with metrics."""
     url = serve(ServiceState()).removesuffix("metrics")
     with pytest.raises(PlotError, match="did not answer with Prometheus metrics"):
@@ -205,11 +208,11 @@ def test_chart_is_log_log_with_a_curve_per_device_and_mode_and_a_line_at_each_cr
     assert (axes.get_xscale(), axes.get_yscale()) == ("log", "log")
     lines = {line.get_label(): line for line in axes.get_lines()}
     for curve in ("/CPU:0 (Fake CPU) compute", "/GPU:0 (Fake GPU) end_to_end"):
-        assert list(lines[curve].get_xdata()) == list(SIZES)
+        assert np.asarray(lines[curve].get_xdata()).tolist() == list(SIZES)
     for c in chart.crossovers:
         assert c.size is not None
         mark = lines[f"n* /GPU:0 {c.mode} ≈ {c.size:.0f}"]
-        assert list(mark.get_xdata()) == [c.size, c.size]
+        assert np.asarray(mark.get_xdata()).tolist() == [c.size, c.size]
 
 
 @needs_matplotlib
@@ -218,7 +221,9 @@ def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
     from monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     (axes,) = draw(from_json(_json_file(tmp_path, _snapshot(devices=(CPU,))))).axes
-    labels = [text.get_text() for text in axes.get_legend().get_texts()]
+    legend = axes.get_legend()
+    assert legend is not None
+    labels = [text.get_text() for text in legend.get_texts()]
     assert "/CPU:0 compute: no GPU measured: nothing to compare the CPU with" in labels
     assert not [label for label in labels if label.startswith("n*")]
 

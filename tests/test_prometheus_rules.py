@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ from tests.promql import (
 )
 
 
-def _alerts() -> list[dict[str, object]]:
+def _alerts() -> list[dict[str, Any]]:  # as YAML gives them
     return [rule for rule in load_rules() if "alert" in rule]
 
 
@@ -106,7 +107,7 @@ def test_metric_name_parser_reports_unknown_names_and_skips_recorded_ones() -> N
 
 
 @pytest.mark.parametrize("alert", _alerts(), ids=lambda rule: str(rule["alert"]))
-def test_alert_has_summary_description_and_runbook_section(alert: dict[str, object]) -> None:
+def test_alert_has_summary_description_and_runbook_section(alert: dict[str, Any]) -> None:
     """Each alert has a summary, a description and a runbook_url whose anchor exists in docs/alerts.md."""
     annotations = alert["annotations"]
     assert isinstance(annotations, dict)

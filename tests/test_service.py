@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,8 @@ from tests.promql import promtool
 from tests.service import RunningService, fake_config, find, parse
 
 pytestmark = pytest.mark.slow
+
+StartService = Callable[[str], RunningService]  # config YAML -> a running service, stopped after the test
 
 TF_CONFIG = """
 schedule: {interval: 1h}
@@ -28,7 +30,7 @@ benchmark:
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator[type[RunningService]]:
+def start(tmp_path: Path) -> Iterator[StartService]:
     started: list[RunningService] = []
 
     def _start(config: str) -> RunningService:
@@ -36,7 +38,7 @@ def start(tmp_path: Path) -> Iterator[type[RunningService]]:
         started.append(service)
         return service
 
-    yield _start  # type: ignore[misc]
+    yield _start
     for service in started:
         service.stop()
 
@@ -119,7 +121,7 @@ def test_probes_and_openmetrics(tensorflow_service: tuple[RunningService, str]) 
     assert service.get("/nope")[0] == 404
 
 
-def test_fake_gpu_crossover_is_exported_with_its_bracket(start: type[RunningService]) -> None:
+def test_fake_gpu_crossover_is_exported_with_its_bracket(start: StartService) -> None:
     """With a GPU-like device whose curve is known, the crossover, its bracket and state are exported."""
     service = start(fake_config("curve"))
     samples = service.wait_for_sweeps("success")
@@ -141,7 +143,7 @@ def test_fake_gpu_crossover_is_exported_with_its_bracket(start: type[RunningServ
     assert dict(info)["compute_capability"] == "9.0"
 
 
-def test_not_ready_before_the_first_sweep(start: type[RunningService]) -> None:
+def test_not_ready_before_the_first_sweep(start: StartService) -> None:
     """/readyz is 503 while no sweep has completed, /healthz is 200, and no timings are served."""
     service = start(fake_config("slow", timeout="60s"))
     service.wait_for(lambda: service.get("/healthz")[0] == 200, 20, "healthz")
@@ -151,7 +153,7 @@ def test_not_ready_before_the_first_sweep(start: type[RunningService]) -> None:
     assert not find(service.scrape(), "matmul_duration_seconds")
 
 
-def test_hung_worker_is_counted_as_timeout_and_daemon_keeps_serving(start: type[RunningService]) -> None:
+def test_hung_worker_is_counted_as_timeout_and_daemon_keeps_serving(start: StartService) -> None:
     """A worker that hangs is killed at the deadline; the sweep counts as timeout; the service stays healthy."""
     service = start(fake_config("hanging", timeout="3s"))
     samples = service.wait_for_sweeps("timeout", timeout=30)
@@ -161,7 +163,7 @@ def test_hung_worker_is_counted_as_timeout_and_daemon_keeps_serving(start: type[
     assert not find(samples, "matmul_duration_seconds")  # never a zero in place of a missing timing
 
 
-def test_crashed_worker_is_counted_as_failed_and_daemon_keeps_serving(start: type[RunningService]) -> None:
+def test_crashed_worker_is_counted_as_failed_and_daemon_keeps_serving(start: StartService) -> None:
     """A worker that dies of SIGSEGV fails the sweep; the service logs why and keeps serving."""
     service = start(fake_config("crashing"))
     service.wait_for_sweeps("failed", timeout=30)
@@ -170,7 +172,7 @@ def test_crashed_worker_is_counted_as_failed_and_daemon_keeps_serving(start: typ
     assert "-11" in service.logs()
 
 
-def test_failed_gpu_is_down_and_its_series_are_gone(start: type[RunningService]) -> None:
+def test_failed_gpu_is_down_and_its_series_are_gone(start: StartService) -> None:
     """A GPU that errors has matmul_device_up 0 and no timings; the CPU's timings stay."""
     service = start(fake_config("broken_gpu"))
     samples = service.wait_for_sweeps("failed", timeout=30)
@@ -180,7 +182,7 @@ def test_failed_gpu_is_down_and_its_series_are_gone(start: type[RunningService])
     assert find(samples, "matmul_duration_seconds", device="/CPU:0")
 
 
-def test_a_fatally_failed_device_is_not_retried(start: type[RunningService]) -> None:
+def test_a_fatally_failed_device_is_not_retried(start: StartService) -> None:
     """A configured device that does not exist fails fatally once; later sweeps report it without retrying."""
     config = fake_config(interval="2s")
     config = config.replace("  timeout: 30s", "  timeout: 30s\n  devices: ['/CPU:0', '/GPU:7']")
@@ -192,7 +194,7 @@ def test_a_fatally_failed_device_is_not_retried(start: type[RunningService]) -> 
     assert set(find(samples, "matmul_device_up", device="/CPU:0").values()) == {1.0}
 
 
-def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: type[RunningService]) -> None:
+def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: StartService) -> None:
     """SIGTERM during a sweep stops the service, kills the worker's group, and exits 0 in under 10 s."""
     service = start(fake_config("slow", timeout="60s"))
     service.wait_for(lambda: "sweep started" in service.logs(), 20, "a sweep to start")
@@ -210,7 +212,7 @@ def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: type[RunningServ
             os.kill(pid, 0)
 
 
-def test_taken_port_fails_start_with_exit_3(start: type[RunningService]) -> None:
+def test_taken_port_fails_start_with_exit_3(start: StartService) -> None:
     """A listen address already in use is reported plainly with the start-up exit code."""
     first = start(fake_config("slow", timeout="60s"))
     first.wait_for(lambda: first.get("/healthz")[0] == 200, 20, "healthz")

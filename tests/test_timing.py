@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -31,11 +33,11 @@ class FakeDevice:
             self.calls += 1
 
 
-def _settings(**overrides: float) -> TimingSettings:
-    base = {"warmup_calls": 2, "block_s": 0.01, "min_blocks": 5, "max_blocks": 20, "target_spread": 0.05}
-    base.update(size_budget_s=10.0)
-    base.update(overrides)
-    return TimingSettings(**base)  # type: ignore[arg-type]
+def _settings(**overrides: Any) -> TimingSettings:
+    base = TimingSettings(
+        warmup_calls=2, block_s=0.01, min_blocks=5, max_blocks=20, target_spread=0.05, size_budget_s=10.0
+    )
+    return dataclasses.replace(base, **overrides)
 
 
 def test_steady_device_converges_at_min_blocks_with_exact_median() -> None:
