@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from monitor.codec import DecodeError, from_data
 from monitor.errors import MonitorError
 from monitor.metrics import (
     BENCHMARK_INFO,
@@ -29,7 +30,7 @@ from monitor.metrics import (
     DURATION,
     parse_exposition,
 )
-from monitor.model import MODES, Crossover, CrossoverState, DeviceInfo, DeviceKind, PointKey
+from monitor.model import MODES, Crossover, CrossoverState, DeviceInfo, DeviceKind, PointKey, Timing
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -99,29 +100,36 @@ def from_json(path: Path) -> Chart:
         reason = body.get("reason", "") if isinstance(body, dict) else ""
         raise PlotError(f"{path} holds no results to draw (the sweep ended: {result}{': ' + reason if reason else ''})")
     try:
+        # The parts the chart needs, each decoded by the types `once --json` wrote them from.
         devices = tuple(
-            DeviceInfo(
-                backend=d["backend"],
-                device=d["device"],
-                kind=d["kind"],
-                name=d["name"],
-                details=tuple((str(k), str(v)) for k, v in d.get("details", ())),
-            )
-            for d in snapshot["devices"]
+            from_data(DeviceInfo, d, f"snapshot.devices[{i}]") for i, d in enumerate(_listed(snapshot, "devices"))
         )
+        measurements = _listed(snapshot, "measurements")
         times = tuple(
-            (PointKey(**m["key"]), float(m["timing"]["median_s"]))
-            for m in snapshot["measurements"]
+            (
+                from_data(PointKey, m.get("key"), f"snapshot.measurements[{i}].key"),
+                from_data(Timing, m.get("timing"), f"snapshot.measurements[{i}].timing").median_s,
+            )
+            for i, m in enumerate(measurements)
             if m.get("role", "sweep") == "sweep"
         )
-        crossovers = tuple(Crossover(**{**c, "state": CrossoverState(c["state"])}) for c in snapshot["crossovers"])
+        crossovers = tuple(
+            from_data(Crossover, c, f"snapshot.crossovers[{i}]") for i, c in enumerate(_listed(snapshot, "crossovers"))
+        )
         environment: Mapping[str, Any] = snapshot.get("environment", {})
         finished = dt.datetime.fromtimestamp(float(snapshot["finished_at"]), tz=dt.UTC)
         versions = " ".join(str(environment[k]) for k in ("framework", "framework_version") if k in environment)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise PlotError(f"{path} is not the JSON that `crossover-monitor once --json` writes: {exc!r}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise PlotError(f"{path} is not the JSON that `crossover-monitor once --json` writes: {exc}") from None
     title = f"{path.name}: {versions + ', ' if versions else ''}sweep finished {finished:%Y-%m-%d %H:%M} UTC"
     return _checked(Chart(title=title, devices=devices, times=times, crossovers=crossovers), str(path))
+
+
+def _listed(snapshot: Mapping[str, Any], key: str) -> list[Any]:
+    value = snapshot.get(key)
+    if not isinstance(value, list):
+        raise DecodeError(f"snapshot.{key}", f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def from_url(url: str) -> Chart:

@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
+from monitor.codec import DecodeError, from_data, to_data
 from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
-from monitor.model import (
-    DeviceFailure,
-    DeviceInfo,
-    HardwareContext,
-    Measurement,
-    Mode,
-    PointKey,
-    StopReason,
-    Timing,
-    Withheld,
-    WithheldReason,
-)
+from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, Mode, Withheld
 
 
 class ProtocolError(ValueError):
@@ -65,23 +53,12 @@ class Plan:
         )
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(to_data(self))
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
-        data = json.loads(text)
-        devices = data.pop("devices")
-        return cls(
-            devices=tuple(devices) if devices is not None else None,
-            sizes=tuple(data.pop("sizes")),
-            dtypes=tuple(data.pop("dtypes")),
-            modes=tuple(data.pop("modes")),
-            timing=TimingSettings(**data.pop("timing")),
-            refine=RefineSettings(**data.pop("refine")),
-            given_up=tuple(data.pop("given_up")),
-            guard=GuardSettings(**data.pop("guard", {"enabled": False})),
-            **data,
-        )
+        """The plan in one line; ValueError (DecodeError naming the field) for anything else."""
+        return from_data(cls, json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -102,61 +79,38 @@ class Fatal:
 Message = Environment | DeviceInfo | Measurement | DeviceFailure | Withheld | HardwareContext | Done | Fatal
 
 
+# The wire name of each message type: one JSON object per line, its fields as to_data writes them.
+_TAGS: dict[str, type[Message]] = {
+    "environment": Environment,
+    "device": DeviceInfo,
+    "measurement": Measurement,
+    "failure": DeviceFailure,
+    "withheld": Withheld,
+    "hardware": HardwareContext,
+    "done": Done,
+    "fatal": Fatal,
+}
+_TAG_OF = {cls: tag for tag, cls in _TAGS.items()}
+
+
 def encode(message: Message) -> str:
     """One JSON line (without the newline) for a message."""
-    if isinstance(message, Environment):
-        body: dict[str, Any] = {"type": "environment", "values": message.values}
-    elif isinstance(message, DeviceInfo):
-        body = {"type": "device", **dataclasses.asdict(message)}
-    elif isinstance(message, Measurement):
-        timing = dataclasses.asdict(message.timing)
-        timing["stop_reason"] = message.timing.stop_reason.value
-        body = {"type": "measurement", "key": dataclasses.asdict(message.key), "timing": timing, "role": message.role}
-    elif isinstance(message, DeviceFailure):
-        body = {"type": "failure", **dataclasses.asdict(message)}
-    elif isinstance(message, Withheld):
-        body = {"type": "withheld", **dataclasses.asdict(message), "reason": message.reason.value}
-    elif isinstance(message, HardwareContext):
-        body = {"type": "hardware", **dataclasses.asdict(message)}
-    elif isinstance(message, Done):
-        body = {"type": "done"}
-    else:
-        body = {"type": "fatal", "reason": message.reason}
-    return json.dumps(body, separators=(",", ":"))
-
-
-def _measurement(body: dict[str, Any]) -> Measurement:
-    timing = body["timing"]
-    timing["stop_reason"] = StopReason(timing["stop_reason"])
-    timing["samples_s"] = tuple(timing["samples_s"])
-    return Measurement(key=PointKey(**body["key"]), timing=Timing(**timing), role=body.get("role", "sweep"))
-
-
-def _failure(body: dict[str, Any]) -> DeviceFailure:
-    point = body.pop("point")
-    return DeviceFailure(point=PointKey(**point) if point else None, **body)
-
-
-_DECODERS: dict[str, Callable[[dict[str, Any]], Message]] = {
-    "environment": lambda body: Environment({str(k): str(v) for k, v in body["values"].items()}),
-    "device": lambda body: DeviceInfo(**{**body, "details": tuple(tuple(pair) for pair in body["details"])}),
-    "measurement": _measurement,
-    "failure": _failure,
-    "withheld": lambda body: Withheld(**{**body, "reason": WithheldReason(body["reason"])}),
-    "hardware": lambda body: HardwareContext(**{**body, "clock_events": tuple(body["clock_events"])}),
-    "done": lambda _: Done(),
-    "fatal": lambda body: Fatal(str(body["reason"])),
-}
+    return json.dumps({"type": _TAG_OF[type(message)], **to_data(message)}, separators=(",", ":"))
 
 
 def decode(line: str) -> Message:
-    """The message in one line from the worker; raises ProtocolError for anything else."""
+    """The message in one line from the worker; raises ProtocolError naming the field at fault."""
     try:
         body = json.loads(line)
-        kind = body.pop("type")
-        decoder = _DECODERS.get(kind)
-        if decoder is not None:
-            return decoder(body)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ProtocolError(f"malformed worker message {line[:200]!r}: {exc}") from None
-    raise ProtocolError(f"unknown worker message type {kind!r}")
+    except ValueError as exc:
+        raise ProtocolError(f"malformed worker message {line[:200]!r}: not JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ProtocolError(f"malformed worker message {line[:200]!r}: not a JSON object")
+    kind = body.pop("type", None)
+    cls = _TAGS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown worker message type {kind!r}")
+    try:
+        return from_data(cls, body)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed {kind} message from the worker: {exc}") from None

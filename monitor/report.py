@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import json
-from typing import Any
 
+from monitor.codec import to_data
 from monitor.model import Crossover, CrossoverState, HardwareContext, SweepOutcome, curves
 
 
@@ -122,19 +120,9 @@ def _hardware_line(h: HardwareContext) -> str:
     return "; ".join(parts) or "nothing could be read"
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def render_json(outcome: SweepOutcome) -> str:
     """The whole outcome as JSON (also the input of ``plot``)."""
-    body = _plain(dataclasses.asdict(outcome))
+    body = to_data(outcome)
     if outcome.snapshot is not None:
         body["snapshot"]["environment"] = dict(outcome.snapshot.environment)
         for m, raw in zip(outcome.snapshot.measurements, body["snapshot"]["measurements"], strict=True):

@@ -1,0 +1,110 @@
+"""The one path between the model's dataclasses and JSON: round trips, and errors that name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from monitor.codec import DecodeError, from_data, to_data
+from monitor.config import GuardSettings
+from monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    PointKey,
+    Snapshot,
+    StopReason,
+    SweepOutcome,
+    SweepResult,
+    Timing,
+    Withheld,
+    WithheldReason,
+)
+from monitor.protocol import ProtocolError, decode
+
+KEY = PointKey(backend="torch", device="cuda:0", dtype="float32", mode="compute", size=1024)
+TIMING = Timing(
+    median_s=6e-5,
+    iqr_s=1e-6,
+    blocks=5,
+    calls_per_block=300,
+    stop_reason=StopReason.CONVERGED,
+    noisy=False,
+    samples_s=(6e-5, 6.1e-5),
+)
+SNAPSHOT = Snapshot(
+    started_at=1.0,
+    finished_at=2.0,
+    devices=(DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-1"),)),),
+    measurements=(Measurement(key=KEY, timing=TIMING),),
+    crossovers=(
+        Crossover(
+            backend="torch",
+            gpu="cuda:0",
+            cpu="cpu",
+            dtype="float32",
+            mode="compute",
+            state=CrossoverState.FOUND,
+            size=140.5,
+        ),
+    ),
+    withheld=(Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
+    hardware=(HardwareContext(backend="torch", device="cuda:0", clock_events=("sw_power_cap",), pcie_width_min=16),),
+    measured_at=(("cuda:0", 2.0),),
+)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        SNAPSHOT,
+        SweepOutcome(result=SweepResult.SUCCESS, started_at=1, finished_at=2, snapshot=SNAPSHOT),
+        GuardSettings(),
+    ],
+    ids=["snapshot", "outcome", "settings"],
+)
+def test_round_trip_through_json(value: object) -> None:
+    """from_data(type, json(to_data(x))) == x for the nested types the service writes out."""
+    assert from_data(type(value), json.loads(json.dumps(to_data(value)))) == value
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "message"),
+    [
+        (
+            lambda d: d["measurements"][0]["timing"]["samples_s"].append("x"),
+            "measurements[0].timing.samples_s[2]",
+            "finite number",
+        ),
+        (lambda d: d["devices"][0].update(kind="tpu"), "devices[0].kind", "one of 'cpu', 'gpu'"),
+        (lambda d: d["crossovers"][0].update(state="lost"), "crossovers[0].state", "one of 'found'"),
+        (lambda d: d["withheld"][0].pop("detail"), "withheld[0].detail", "missing"),
+        (lambda d: d["hardware"][0].update(volts=1), "hardware[0]", "unknown field 'volts'"),
+        (lambda d: d.update(measured_at=[["cuda:0"]]), "measured_at[0]", "expected 2 items"),
+        (lambda d: d["measurements"][0]["key"].update(size=True), "measurements[0].key.size", "an integer"),
+    ],
+)
+def test_bad_data_names_the_field_at_fault(change: object, path: str, message: str) -> None:
+    """Each kind of mismatch is a DecodeError whose path points at the field."""
+    data = to_data(SNAPSHOT)
+    change(data)  # type: ignore[operator]
+    with pytest.raises(DecodeError, match=message) as caught:
+        from_data(Snapshot, data)
+    assert caught.value.path == path
+
+
+def test_a_malformed_worker_message_names_its_field() -> None:
+    """A worker line that is JSON but not a message says which field is wrong (no bare 'malformed')."""
+    body = {
+        "type": "measurement",
+        "key": to_data(KEY),
+        "timing": {**to_data(TIMING), "blocks": "five"},
+        "role": "sweep",
+    }
+    with pytest.raises(
+        ProtocolError, match=r"malformed measurement message from the worker: timing\.blocks: expected an integer"
+    ):
+        decode(json.dumps(body))
