@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file", metavar="FILE")
+    commands.add_parser("config-schema", help="print the configuration's JSON Schema (for editors) and exit")
 
     plot = commands.add_parser("plot", help="chart the latest sweep, time against size (needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
@@ -109,6 +110,11 @@ def _plot(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_format, args.log_level)
+    if args.command == "config-schema":
+        from monitor.schema import render  # noqa: PLC0415 - only this command needs it
+
+        sys.stdout.write(render())
+        return EXIT_OK
     try:
         settings = _settings(args)
         if args.command == "check-config":

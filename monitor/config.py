@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
 
@@ -37,67 +37,225 @@ _MAX_HOST_NAME = 253
 _SHOWN_CHARS = 60  # a value in a message is abridged to this many characters
 
 
+KeyKind = Literal["integer", "number", "fraction", "duration", "positive_duration", "boolean", "special"]
+
+
+@dataclass(frozen=True)
+class Key:
+    """How a settings field is written in the YAML file: its key, kind, bounds and meaning.
+
+    Declared once on the field (``metadata``); the reader takes its converter from it and
+    ``monitor/schema.py`` its JSON Schema, so the two cannot drift apart. A ``special`` key is read
+    by hand and carries its own schema.
+    """
+
+    name: str
+    kind: KeyKind
+    help: str
+    minimum: float | None = None  # durations: a non-zero value must be at least this (0 may still mean "off")
+    maximum: float | None = None
+    schema: Mapping[str, Any] | None = None  # for special keys
+
+
+def key(name: str, kind: KeyKind, help_text: str, **bounds: Any) -> dict[str, Key]:
+    return {"yaml": Key(name, kind, help_text, **bounds)}
+
+
+def yaml_key(f: dataclasses.Field[Any]) -> Key | None:
+    found = f.metadata.get("yaml")
+    return found if isinstance(found, Key) else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ScheduleSettings:
-    interval_s: float | None = 900.0
-    cron: str | None = None
-    jitter_s: float = 0.0
+    interval_s: float | None = field(
+        default=900.0,
+        metadata=key(
+            "interval",
+            "special",
+            "time between sweeps (or use cron, not both)",
+            minimum=1,
+            maximum=366 * DAY_S,
+            schema={"$ref": "#/definitions/duration"},
+        ),
+    )
+    cron: str | None = field(
+        default=None,
+        metadata=key(
+            "cron",
+            "special",
+            "5-field crontab in UTC; weekday 0 and 7 are Sunday; restrict day of month or weekday, not both",
+            schema={"type": "string", "pattern": r"^\S+(\s+\S+){4}$"},
+        ),
+    )
+    jitter_s: float = field(
+        default=0.0,
+        metadata=key(
+            "jitter", "duration", "random delay up to this, to spread a fleet's sweeps; shorter than the interval"
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimingSettings:
     """How hard the timing loop tries for each point."""
 
-    warmup_calls: int = 2  # untimed calls before calibration, per point
-    block_s: float = 0.02  # target duration of one timed block
-    min_blocks: int = 5
-    max_blocks: int = 50
-    target_spread: float = 0.05  # stop once IQR / median is at most this
-    size_budget_s: float = 5.0  # stop repeating once this much was spent on one point
+    # At least one: it also waits out operand creation, which the GPU does asynchronously.
+    warmup_calls: int = field(
+        default=2, metadata=key("warmup_calls", "integer", "untimed calls per point before calibration", minimum=1)
+    )
+    block_s: float = field(
+        default=0.02, metadata=key("block_time", "positive_duration", "a timed block lasts at least this")
+    )
+    min_blocks: int = field(
+        default=5, metadata=key("min_blocks", "integer", "timed blocks per point, at least", minimum=3)
+    )
+    max_blocks: int = field(
+        default=50, metadata=key("max_blocks", "integer", "timed blocks per point, at most", minimum=3)
+    )
+    target_spread: float = field(
+        default=0.05,
+        metadata=key("target_spread", "fraction", "stop once IQR/median is at most this; above it a point is noisy"),
+    )
+    size_budget_s: float = field(
+        default=5.0, metadata=key("size_budget", "positive_duration", "stop repeating a point after this long")
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class RefineSettings:
     """Bisection between the sizes bracketing a crossover, after the configured sizes."""
 
-    enabled: bool = True
-    tolerance: float = 0.05  # stop once upper / lower - 1 is at most this
-    budget_s: float = 60.0  # at most this much extra time per sweep
+    enabled: bool = field(default=True, metadata=key("enabled", "boolean", "bisect between the sizes around n*"))
+    tolerance: float = field(
+        default=0.05, metadata=key("tolerance", "fraction", "stop once upper / lower - 1 is at most this")
+    )
+    budget_s: float = field(
+        default=60.0, metadata=key("budget", "positive_duration", "at most this much extra time per sweep")
+    )
+
+
+_LISTED = {"type": "array", "minItems": 1, "uniqueItems": True}
 
 
 @dataclass(frozen=True, kw_only=True)
 class BenchmarkSettings:
-    backend: str = "tensorflow"
-    devices: tuple[str, ...] | None = None  # None: "auto", the CPU and every visible GPU
-    sizes: tuple[int, ...] = (1, 10, 100, 500, 1000, 2000, 4000)
-    dtypes: tuple[str, ...] = ("float32",)
-    modes: tuple[Mode, ...] = ("compute", "end_to_end")
-    timeout_s: float = 600.0
-    tf32: bool = False
-    cpu_threads: int | None = None  # None: "auto", from affinity and the container's CPU quota
+    backend: str = field(
+        default="tensorflow",
+        metadata=key(
+            "backend",
+            "special",
+            "tensorflow, torch, jax, or a plugin 'package.module:attribute'",
+            schema={"anyOf": [{"enum": list(BACKENDS)}, {"type": "string", "pattern": PLUGIN_BACKEND.pattern}]},
+        ),
+    )
+    devices: tuple[str, ...] | None = field(  # None: "auto", the CPU and every visible GPU
+        default=None,
+        metadata=key(
+            "devices",
+            "special",
+            "auto = the CPU and every visible GPU; or a list of framework device names",
+            schema={"anyOf": [{"const": "auto"}, {**_LISTED, "items": {"type": "string", "minLength": 1}}]},
+        ),
+    )
+    sizes: tuple[int, ...] = field(
+        default=(1, 10, 100, 500, 1000, 2000, 4000),
+        metadata=key(
+            "sizes",
+            "special",
+            "n of the n×n operands",
+            schema={
+                **_LISTED,
+                "maxItems": MAX_SIZES,
+                "items": {"type": "integer", "minimum": 1, "maximum": MAX_SIZE},
+            },
+        ),
+    )
+    dtypes: tuple[str, ...] = field(
+        default=("float32",),
+        metadata=key("dtypes", "special", "element types", schema={**_LISTED, "items": {"enum": list(DTYPES)}}),
+    )
+    modes: tuple[Mode, ...] = field(
+        default=("compute", "end_to_end"),
+        metadata=key(
+            "modes",
+            "special",
+            "compute: operands on the device; end_to_end: copied in and out every call",
+            schema={**_LISTED, "items": {"enum": list(MODES)}},
+        ),
+    )
+    timeout_s: float = field(default=600.0, metadata=key("timeout", "positive_duration", "deadline for a whole sweep"))
+    tf32: bool = field(default=False, metadata=key("tf32", "boolean", "TensorFloat-32 for float32 matmul"))
+    cpu_threads: int | None = field(  # None: "auto", from affinity and the container's CPU quota
+        default=None,
+        metadata=key(
+            "cpu_threads",
+            "special",
+            "framework CPU threads; auto = the usable cores, less one from four cores on",
+            schema={"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}]},
+        ),
+    )
     timing: TimingSettings = field(default_factory=TimingSettings)
     refine: RefineSettings = field(default_factory=RefineSettings)
     # Stop timing the CPU at larger sizes once every GPU beat it by this factor at two sizes in a row.
-    skip_cpu_above_speedup: float | None = None
+    skip_cpu_above_speedup: float | None = field(
+        default=None,
+        metadata=key(
+            "skip_cpu_above_speedup",
+            "special",
+            "stop timing the CPU once every GPU beat it by this factor at two sizes in a row",
+            schema={"anyOf": [{"type": "null"}, {"type": "number", "exclusiveMinimum": 1}]},
+        ),
+    )
     # GPUs this machine must have: fewer found is a failure (driver gone), not a quiet CPU-only sweep.
-    expect_gpus: int = 0
+    expect_gpus: int = field(default=0, metadata=key("expect_gpus", "integer", "GPUs the machine must have", minimum=0))
 
 
 @dataclass(frozen=True, kw_only=True)
 class GuardSettings:
     """The interference guard: what counts as another program using a GPU or the CPU's cores."""
 
-    enabled: bool = True
+    enabled: bool = field(default=True, metadata=key("enabled", "boolean", "the interference guard"))
     # Without NVML the guard cannot see other programs on a GPU: then the GPU is not timed.
-    require_nvml: bool = True
-    gpu_max_utilization_pct: float = 10.0  # busier than this before the worker uses it: busy
-    gpu_max_other_processes: int = 0  # more processes of other programs on it than this: busy
+    require_nvml: bool = field(
+        default=True,
+        metadata=key("require_nvml", "boolean", "without NVML, withhold GPUs instead of timing them blind"),
+    )
+    gpu_max_utilization_pct: float = field(  # busier than this before the worker uses it: busy
+        default=10.0,
+        metadata=key(
+            "gpu_max_utilization", "number", "percent; busier before the worker used it is busy", minimum=0, maximum=100
+        ),
+    )
+    gpu_max_other_processes: int = field(  # more processes of other programs on it than this: busy
+        default=0,
+        metadata=key("gpu_max_other_processes", "integer", "more other programs' processes than this: busy", minimum=0),
+    )
     # A process that holds at most this much GPU memory and ran no kernel in the last second is a
     # stray context (a framework opens one on GPU 0 by default), not a job: it does not count.
-    gpu_idle_process_max_mib: int = 1024
+    gpu_idle_process_max_mib: int = field(
+        default=1024,
+        metadata=key(
+            "gpu_idle_process_max_mib", "integer", "an idle process holding at most this many MiB is ignored", minimum=0
+        ),
+    )
     # Other programs' load on the worker's cores, beyond the cores its threads leave free, in cores.
-    cpu_max_other_cores: float = 0.5
-    retry_interval_s: float = 60.0  # retry busy GPUs this often until measured or the next sweep; 0: off
+    cpu_max_other_cores: float = field(
+        default=0.5,
+        metadata=key(
+            "cpu_max_other_cores",
+            "number",
+            "cores others may use beyond those the threads leave free",
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    )
+    retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
+        default=60.0,
+        metadata=key(
+            "retry_interval", "duration", "retry busy GPUs this often; 0 waits for the next sweep", minimum=10
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,13 +451,46 @@ def _boolean(value: Any) -> bool | _Bad:
     return value
 
 
+def _converter(k: Key) -> Callable[[Any], Any]:
+    """The converter a key's kind and bounds call for (special keys are read by hand)."""
+    low = k.minimum if k.minimum is not None else 0
+    if k.kind == "integer":
+        return _integer(int(low), int(k.maximum) if k.maximum is not None else MAX_COUNT)
+    if k.kind in ("duration", "positive_duration"):
+        top = k.maximum if k.maximum is not None else DAY_S
+        return _duration(positive=k.kind == "positive_duration", minimum=low, maximum=top)
+    if k.kind == "number":
+        return _number(low, k.maximum if k.maximum is not None else math.inf)
+    if k.kind == "fraction":
+        return _fraction
+    if k.kind == "boolean":
+        return _boolean
+    raise ValueError(f"key {k.name!r} is read by hand")
+
+
+def _read_keys(r: _Reader, section: Mapping[str, Any], cls: type[Any], path: str) -> dict[str, Any]:
+    """Every field of ``cls`` that its Key describes fully, read from ``section`` (its default where absent or bad)."""
+    defaults = cls()
+    return {
+        f.name: r.get(section, k.name, f"{path}.{k.name}", getattr(defaults, f.name), _converter(k))
+        for f in dataclasses.fields(cls)
+        if (k := yaml_key(f)) is not None and k.kind != "special"
+    }
+
+
+def keys_of(cls: type[Any]) -> set[str]:
+    """The YAML keys of a settings section."""
+    return {k.name for f in dataclasses.fields(cls) if (k := yaml_key(f)) is not None}
+
+
 def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
     section = r.section(data, "schedule", "schedule")
-    r.reject_unknown(section, {"interval", "cron", "jitter"}, "schedule")
-    # At least a second (a sweep takes longer than that anyway), at most a year.
-    interval = r.get(
-        section, "interval", "schedule.interval", None, _duration(positive=True, minimum=1, maximum=366 * DAY_S)
-    )
+    r.reject_unknown(section, keys_of(ScheduleSettings), "schedule")
+    # At least a second (a sweep takes longer than that anyway), at most a year: see its Key.
+    interval_key = yaml_key(next(f for f in dataclasses.fields(ScheduleSettings) if f.name == "interval_s"))
+    assert interval_key is not None  # noqa: S101 - declared above
+    bounds = _duration(positive=True, minimum=interval_key.minimum or 0, maximum=interval_key.maximum or DAY_S)
+    interval = r.get(section, "interval", "schedule.interval", None, bounds)
     cron = section.get("cron")
     if cron is not None:
         # Imported here, not at the top: every timing worker imports this module (for the settings
@@ -314,7 +505,7 @@ def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
             cron = None
     if section.get("interval") is not None and section.get("cron") is not None:
         r.add("schedule", "set either interval or cron, not both")
-    jitter = r.get(section, "jitter", "schedule.jitter", 0.0, _duration(positive=False))  # at most a day
+    jitter = _read_keys(r, section, ScheduleSettings, "schedule")["jitter_s"]
     if cron is None and interval is None:
         interval = ScheduleSettings().interval_s
     if interval is not None and jitter >= interval:
@@ -381,19 +572,9 @@ def _device(value: Any) -> str | _Bad:
 
 def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
     section = r.section(bench, "timing", "benchmark.timing")
-    known = {"warmup_calls", "block_time", "min_blocks", "max_blocks", "target_spread", "size_budget"}
-    r.reject_unknown(section, known, "benchmark.timing")
-    d = TimingSettings()
+    r.reject_unknown(section, keys_of(TimingSettings), "benchmark.timing")
     p = "benchmark.timing."
-    timing = TimingSettings(
-        # At least one: it also waits out operand creation, which the GPU does asynchronously.
-        warmup_calls=r.get(section, "warmup_calls", p + "warmup_calls", d.warmup_calls, _integer(1)),
-        block_s=r.get(section, "block_time", p + "block_time", d.block_s, _duration(positive=True)),
-        min_blocks=r.get(section, "min_blocks", p + "min_blocks", d.min_blocks, _integer(3)),
-        max_blocks=r.get(section, "max_blocks", p + "max_blocks", d.max_blocks, _integer(3)),
-        target_spread=r.get(section, "target_spread", p + "target_spread", d.target_spread, _fraction),
-        size_budget_s=r.get(section, "size_budget", p + "size_budget", d.size_budget_s, _duration(positive=True)),
-    )
+    timing = TimingSettings(**_read_keys(r, section, TimingSettings, "benchmark.timing"))
     if timing.max_blocks < timing.min_blocks:
         r.add(
             p + "max_blocks",
@@ -410,21 +591,13 @@ def _speedup_factor(value: Any) -> float | _Bad:
 
 def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
     section = r.section(bench, "refine", "benchmark.refine")
-    r.reject_unknown(section, {"enabled", "tolerance", "budget"}, "benchmark.refine")
-    d = RefineSettings()
-    p = "benchmark.refine."
-    return RefineSettings(
-        enabled=r.get(section, "enabled", p + "enabled", d.enabled, _boolean),
-        tolerance=r.get(section, "tolerance", p + "tolerance", d.tolerance, _fraction),
-        budget_s=r.get(section, "budget", p + "budget", d.budget_s, _duration(positive=True)),
-    )
+    r.reject_unknown(section, keys_of(RefineSettings), "benchmark.refine")
+    return RefineSettings(**_read_keys(r, section, RefineSettings, "benchmark.refine"))
 
 
 def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     bench = r.section(data, "benchmark", "benchmark")
-    known = {"backend", "devices", "sizes", "dtypes", "modes", "timeout", "tf32", "cpu_threads", "timing"}
-    known |= {"refine", "skip_cpu_above_speedup", "expect_gpus"}
-    r.reject_unknown(bench, known, "benchmark")
+    r.reject_unknown(bench, keys_of(BenchmarkSettings) | {"timing", "refine"}, "benchmark")
     d = BenchmarkSettings()
 
     backend = bench.get("backend", d.backend)
@@ -462,12 +635,10 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
         sizes=tuple(sorted(_read_list(r, bench, "sizes", d.sizes, _size))),
         dtypes=_read_list(r, bench, "dtypes", d.dtypes, _choice(DTYPES, "dtype")),
         modes=_read_list(r, bench, "modes", d.modes, _choice(MODES, "mode")),  # type: ignore[arg-type]
-        timeout_s=r.get(bench, "timeout", "benchmark.timeout", d.timeout_s, _duration(positive=True)),
-        tf32=r.get(bench, "tf32", "benchmark.tf32", d.tf32, _boolean),
         cpu_threads=cpu_threads,
         timing=_read_timing(r, bench),
         refine=_read_refine(r, bench),
-        expect_gpus=r.get(bench, "expect_gpus", "benchmark.expect_gpus", d.expect_gpus, _integer(0)),
+        **_read_keys(r, bench, BenchmarkSettings, "benchmark"),  # timeout, tf32, expect_gpus
         skip_cpu_above_speedup=r.get(
             bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, _speedup_factor
         ),
@@ -487,37 +658,8 @@ def _number(low: float, high: float) -> Callable[[Any], float | _Bad]:
 
 def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
     section = r.section(data, "guard", "guard")
-    known = {"enabled", "require_nvml", "gpu_max_utilization", "gpu_max_other_processes", "cpu_max_other_cores"}
-    known |= {"gpu_idle_process_max_mib"}
-    r.reject_unknown(section, known | {"retry_interval"}, "guard")
-    d = GuardSettings()
-    return GuardSettings(
-        enabled=r.get(section, "enabled", "guard.enabled", d.enabled, _boolean),
-        require_nvml=r.get(section, "require_nvml", "guard.require_nvml", d.require_nvml, _boolean),
-        gpu_max_utilization_pct=r.get(
-            section, "gpu_max_utilization", "guard.gpu_max_utilization", d.gpu_max_utilization_pct, _number(0, 100)
-        ),
-        gpu_max_other_processes=r.get(
-            section, "gpu_max_other_processes", "guard.gpu_max_other_processes", d.gpu_max_other_processes, _integer(0)
-        ),
-        gpu_idle_process_max_mib=r.get(
-            section,
-            "gpu_idle_process_max_mib",
-            "guard.gpu_idle_process_max_mib",
-            d.gpu_idle_process_max_mib,
-            _integer(0),
-        ),
-        cpu_max_other_cores=r.get(
-            section, "cpu_max_other_cores", "guard.cpu_max_other_cores", d.cpu_max_other_cores, _number(0, 4096)
-        ),
-        retry_interval_s=r.get(
-            section,
-            "retry_interval",
-            "guard.retry_interval",
-            d.retry_interval_s,
-            _duration(positive=False, minimum=10),  # 0 turns retries off; each one starts a worker
-        ),
-    )
+    r.reject_unknown(section, keys_of(GuardSettings), "guard")
+    return GuardSettings(**_read_keys(r, section, GuardSettings, "guard"))
 
 
 def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:

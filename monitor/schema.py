@@ -1,0 +1,119 @@
+"""The configuration's JSON Schema, generated from the Key each settings field declares.
+
+Editors validate and complete ``config.yaml`` with it (yaml-language-server); ``crossover-monitor
+config-schema`` prints it and ``deploy/config.schema.json`` ships it (a test keeps that file equal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from monitor.config import (
+    DAY_S,
+    MAX_COUNT,
+    MAX_PORT,
+    Key,
+    Settings,
+    yaml_key,
+)
+
+SCHEMA_ID = "https://github.com/crossover-monitor/crossover-monitor/deploy/config.schema.json"
+# A duration: plain seconds, or parts like 1h30m, 250ms.
+_DURATION_TEXT = r"^\s*((\d+(\.\d+)?)|((\d+(\.\d+)?)(ms|s|m|h|d))+)\s*$"
+
+
+def _seconds(value: float) -> str:
+    return f"{value / DAY_S:g} days" if value >= DAY_S else f"{value:g}s"
+
+
+def _property(k: Key, default: Any) -> dict[str, Any]:
+    """The schema of one key, from its kind and bounds."""
+    low = k.minimum if k.minimum is not None else 0
+    if k.kind == "special":
+        body: dict[str, Any] = dict(k.schema or {})
+    elif k.kind == "integer":
+        top = k.maximum if k.maximum is not None else MAX_COUNT
+        body = {"type": "integer", "minimum": int(low), "maximum": int(top)}
+    elif k.kind == "number":
+        body = {"type": "number", "minimum": low}
+        if k.maximum is not None:
+            body["maximum"] = k.maximum
+    elif k.kind == "fraction":
+        body = {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}
+    elif k.kind == "boolean":
+        body = {"type": "boolean"}
+    else:  # durations: the text form cannot carry bounds, so the description does
+        body = {"$ref": "#/definitions/duration"}
+    description = k.help
+    if k.kind in ("duration", "positive_duration") or k.name == "interval":
+        top = k.maximum if k.maximum is not None else DAY_S
+        least = f"at least {_seconds(low)}, " if low else ""
+        description += f" ({least}at most {_seconds(top)})"
+    # Every key may also be null: the loader reads a null key as absent (its default).
+    return {"anyOf": [body, {"type": "null"}], "description": description, "default": _default(k, default)}
+
+
+def _default(k: Key, value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if value is None and k.schema is not None and "auto" in json.dumps(k.schema):
+        return "auto"  # devices and cpu_threads: None is how "auto" is held
+    return value
+
+
+def _section(cls: type[Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    defaults = cls()
+    properties = {
+        k.name: _property(k, getattr(defaults, f.name))
+        for f in dataclasses.fields(cls)
+        if (k := yaml_key(f)) is not None
+    }
+    return {"type": "object", "additionalProperties": False, "properties": {**properties, **(extra or {})}}
+
+
+def config_schema() -> dict[str, Any]:
+    """The JSON Schema (draft-07, which yaml-language-server reads) of a configuration file."""
+    settings = Settings()
+    benchmark = type(settings.benchmark)
+    nested = {
+        "timing": _section(type(settings.benchmark.timing)),
+        "refine": _section(type(settings.benchmark.refine)),
+    }
+    sections = {
+        "schedule": _section(type(settings.schedule)),
+        "benchmark": _section(benchmark, nested),
+        "guard": _section(type(settings.guard)),
+        "server": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "listen": {
+                    "type": "string",
+                    "pattern": r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+):[0-9]{1,5}$",
+                    "description": f"where to serve, HOST:PORT (IPv6 in brackets); port 1 to {MAX_PORT}",
+                    "default": settings.server.listen,
+                }
+            },
+        },
+    }
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": SCHEMA_ID,
+        "title": "crossover-monitor configuration",
+        "description": "Every key is optional; deploy/config.example.yaml spells out the defaults.",
+        "type": ["object", "null"],
+        "additionalProperties": False,
+        "properties": {name: {**body, "type": ["object", "null"]} for name, body in sections.items()},
+        "definitions": {
+            "duration": {
+                "description": "a duration: 30s, 15m, 1h30m, 250ms or plain seconds",
+                "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_TEXT}],
+            }
+        },
+    }
+
+
+def render() -> str:
+    return json.dumps(config_schema(), indent=2, ensure_ascii=False) + "\n"
