@@ -107,14 +107,18 @@ def _plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _config_schema() -> int:
+    from monitor.schema import render  # noqa: PLC0415 - only this command needs it
+
+    sys.stdout.write(render())
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_format, args.log_level)
     if args.command == "config-schema":
-        from monitor.schema import render  # noqa: PLC0415 - only this command needs it
-
-        sys.stdout.write(render())
-        return EXIT_OK
+        return _config_schema()
     try:
         settings = _settings(args)
         if args.command == "check-config":
