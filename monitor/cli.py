@@ -124,9 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             print(f"{args.file}: configuration is valid")
             return EXIT_OK
-        if args.command == "once":
-            return _once(settings, args.json)
-        return _plot(args) if args.command == "plot" else _run(settings)
+        commands = {"once": lambda: _once(settings, args.json), "plot": lambda: _plot(args)}
+        return commands.get(args.command, lambda: _run(settings))()
     except ConfigError as exc:
         print(f"crossover-monitor: {exc}", file=sys.stderr)
         return EXIT_CONFIG
