@@ -30,7 +30,7 @@ from monitor.bench.contract import BackendOptions
 from monitor.bench.hostinfo import usable_cpus
 from monitor.bench.registry import load_backend
 from monitor.bench.timing import measure
-from monitor.config import TimingSettings
+from monitor.settings import TimingSettings
 variant, backend_name, sizes = sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4].split(",")]
 backend = load_backend(backend_name, BackendOptions(tf32=False, cpu_threads=usable_cpus()))
 devices = {d.kind: d for d in backend.discover()}

@@ -65,7 +65,7 @@ def _service(n: int, mode: str, where: str, threads: int, block_s: float = 0.02)
     from monitor.bench.contract import BackendOptions  # noqa: PLC0415
     from monitor.bench.timing import measure  # noqa: PLC0415
     from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
-    from monitor.config import TimingSettings  # noqa: PLC0415
+    from monitor.settings import TimingSettings  # noqa: PLC0415
 
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     device = next(d for d in backend.discover() if d.device == where)
@@ -78,7 +78,7 @@ def _service_discard(n: int, mode: str, where: str, threads: int) -> float:
 
     from monitor.bench.common import host_operands  # noqa: PLC0415
     from monitor.bench.timing import measure  # noqa: PLC0415
-    from monitor.config import TimingSettings  # noqa: PLC0415
+    from monitor.settings import TimingSettings  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     device = torch.device(where)
@@ -113,7 +113,7 @@ def _worker(n: int, mode: str, where: str, threads: int) -> float:
         "refine": {"enabled": False},
         "given_up": [],
     }
-    from monitor.config import TimingSettings  # noqa: PLC0415
+    from monitor.settings import TimingSettings  # noqa: PLC0415
 
     plan["timing"] = TimingSettings().__dict__
     done = subprocess.run(

@@ -36,8 +36,8 @@ from monitor.bench.contract import BackendOptions  # noqa: E402
 from monitor.bench.hostinfo import usable_cpus  # noqa: E402
 from monitor.bench.tensorflow_backend import TensorFlowBackend  # noqa: E402
 from monitor.bench.timing import measure  # noqa: E402
-from monitor.config import TimingSettings  # noqa: E402
 from monitor.model import MODES, Mode  # noqa: E402
+from monitor.settings import TimingSettings  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 

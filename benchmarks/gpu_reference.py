@@ -43,8 +43,8 @@ from gpu_report import render, sweeps_of  # noqa: E402
 from references import MODES, empty_curves, jax_reference, torch_reference  # noqa: E402
 
 from monitor.bench.hostinfo import usable_cpus  # noqa: E402
-from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
+from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from monitor import __version__
-from monitor.config import Settings, load_settings, with_listen
+from monitor.config import load_settings, with_listen
 from monitor.errors import (
     EXIT_CONFIG,
     EXIT_FAILURE,
@@ -25,6 +25,7 @@ from monitor.logs import configure
 from monitor.model import SweepResult
 from monitor.protocol import Plan
 from monitor.report import render_json, render_table
+from monitor.settings import Settings
 
 log = logging.getLogger("monitor")
 

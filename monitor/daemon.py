@@ -12,13 +12,13 @@ from collections.abc import Callable
 from types import FrameType
 
 from monitor import systemd
-from monitor.config import Settings
 from monitor.errors import StartupError
 from monitor.metrics import build_registry
 from monitor.model import ServiceState, SweepOutcome, SweepResult, WithheldReason
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 from monitor.server import MetricsServer
+from monitor.settings import Settings
 from monitor.state import StateStore
 from monitor.sweep import KILL_GRACE_S, Launcher, launch_subprocess, run_sweep
 

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.config import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
 from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, Mode, Withheld
+from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
 
 
 class ProtocolError(ValueError):

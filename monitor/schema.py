@@ -10,14 +10,7 @@ import dataclasses
 import json
 from typing import Any
 
-from monitor.config import (
-    DAY_S,
-    MAX_COUNT,
-    MAX_PORT,
-    Key,
-    Settings,
-    yaml_key,
-)
+from monitor.settings import DAY_S, MAX_COUNT, MAX_PORT, Key, Settings, yaml_key
 
 SCHEMA_ID = "https://github.com/crossover-monitor/crossover-monitor/deploy/config.schema.json"
 # A duration: plain seconds, or parts like 1h30m, 250ms.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.config import TimingSettings
 from monitor.model import Mode
 from monitor.protocol import Plan
+from monitor.settings import TimingSettings
 
 REPO = Path(__file__).resolve().parent.parent
 QUICK_TIMING = TimingSettings(

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.config import GuardSettings
 from monitor.model import (
     Crossover,
     CrossoverState,
@@ -24,6 +23,7 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.protocol import ProtocolError, decode
+from monitor.settings import GuardSettings
 
 KEY = PointKey(backend="torch", device="cuda:0", dtype="float32", mode="compute", size=1024)
 TIMING = Timing(

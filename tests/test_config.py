@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monitor.cli import main
-from monitor.config import (
-    DEFAULT_PORT,
-    Settings,
-    load_settings,
-    parse_duration,
-    settings_from_mapping,
-    with_listen,
-)
+from monitor.config import load_settings, settings_from_mapping, with_listen
 from monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from monitor.settings import (
+    DEFAULT_PORT,
+    BenchmarkSettings,
+    GuardSettings,
+    ScheduleSettings,
+    Settings,
+    TimingSettings,
+    parse_duration,
+)
 from tests.conftest import REPO
 
 # (document, key path the message must name, a fragment of the message)
@@ -236,3 +239,23 @@ def test_listen_flag_overrides_config() -> None:
     assert with_listen(Settings(), "127.0.0.1:1234").server.port == 1234
     with pytest.raises(ConfigError, match="--listen"):
         with_listen(Settings(), "nowhere")
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: TimingSettings(min_blocks=10, max_blocks=5), "max_blocks: must be at least min_blocks"),
+        (lambda: TimingSettings(block_s=0), "block_time: must be greater than zero"),
+        (lambda: GuardSettings(retry_interval_s=1), "retry_interval: must be at least 10s"),
+        (lambda: GuardSettings(gpu_max_utilization_pct=150), "gpu_max_utilization: must be between 0 and 100"),
+        (lambda: BenchmarkSettings(sizes=(0,)), "sizes: each 1 to 65536"),
+        (lambda: BenchmarkSettings(expect_gpus=10**31), "expect_gpus: must be at most 4096"),
+        (lambda: ScheduleSettings(interval_s=60, jitter_s=60), "jitter: must be shorter than the interval"),
+        (lambda: ScheduleSettings(interval_s=None, cron=None), "either interval or cron"),
+    ],
+    ids=["blocks", "block_time", "retry", "utilisation", "sizes", "expect_gpus", "jitter", "no-schedule"],
+)
+def test_constraints_hold_however_settings_are_built(build: Any, message: str) -> None:
+    """Settings built in code (or from the worker's JSON) are checked against their declared keys too."""
+    with pytest.raises(ValueError, match=message):
+        build()

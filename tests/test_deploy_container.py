@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from monitor.cli import _parser
-from monitor.config import DEFAULT_PORT
+from monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO, free_port, tool
 from tests.promql import SCRAPE_EXAMPLE, promtool
 

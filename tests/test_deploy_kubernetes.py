@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from monitor.cli import _parser
-from monitor.config import DEFAULT_PORT
 from monitor.daemon import STOP_WAIT_S
+from monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO
 from tests.promql import DASHBOARD, RULES, SCRAPE_EXAMPLE, promtool
 

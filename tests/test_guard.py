@@ -26,7 +26,6 @@ from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSamp
 from monitor.bench.hostinfo import ProcStatMeter
 from monitor.bench.runner import run_plan
 from monitor.carry import merge
-from monitor.config import GuardSettings
 from monitor.model import (
     CrossoverState,
     DeviceInfo,
@@ -39,6 +38,7 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.protocol import Message, Plan
+from monitor.settings import GuardSettings
 from monitor.state import StateStore
 from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
 from tests.conftest import free_port, make_plan
@@ -466,6 +466,7 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
     assert os.cpu_count()
 
 
+@pytest.mark.slow
 def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
     from monitor.config import settings_from_mapping  # noqa: PLC0415
@@ -483,16 +484,15 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
         {
             "schedule": {"interval": "1h"},
             "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
+            "guard": {"retry_interval": "10s"},  # the shortest allowed
             "server": {"listen": f"127.0.0.1:{free_port()}"},
         }
     )
-    # A second instead of the configurable minimum of 10 s, to keep the test short.
-    settings = dataclasses.replace(settings, guard=dataclasses.replace(settings.guard, retry_interval_s=1.0))
     service = Service(settings, launch=launch)
     thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
             time.sleep(0.1)
         state = service.read_state()

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import DEFAULT_PORT
 from monitor.metrics import EXPOSED_NAMES
+from monitor.settings import DEFAULT_PORT
 from tests.promql import (
     ALERTS_DOC,
     RULE_TESTS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.config import BenchmarkSettings, GuardSettings
 from monitor.model import (
     DeviceFailure,
     DeviceInfo,
@@ -17,6 +16,7 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode, encode
+from monitor.settings import BenchmarkSettings, GuardSettings
 
 KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end_to_end", size=512)
 

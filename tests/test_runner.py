@@ -7,7 +7,6 @@ import time
 
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.runner import run_plan
-from monitor.config import RefineSettings
 from monitor.costs import cost_models
 from monitor.crossover import crossovers
 from monitor.model import (
@@ -22,6 +21,7 @@ from monitor.model import (
     Timing,
 )
 from monitor.protocol import Message, Plan
+from monitor.settings import RefineSettings
 from tests.conftest import make_plan
 from tests.fakes import CurveBackend
 

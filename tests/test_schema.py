@@ -15,17 +15,17 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.config import (
+from monitor.config import settings_from_mapping
+from monitor.errors import ConfigError
+from monitor.schema import config_schema, render
+from monitor.settings import (
     BenchmarkSettings,
     GuardSettings,
     RefineSettings,
     ScheduleSettings,
     TimingSettings,
-    settings_from_mapping,
     yaml_key,
 )
-from monitor.errors import ConfigError
-from monitor.schema import config_schema, render
 from tests.conftest import REPO
 
 SHIPPED = REPO / "deploy" / "config.schema.json"

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, calibrate, measure, median_and_iqr
-from monitor.config import TimingSettings
 from monitor.model import StopReason
+from monitor.settings import TimingSettings
 
 
 class FakeDevice:

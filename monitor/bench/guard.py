@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from monitor.config import GuardSettings
 from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
+from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from monitor.bench.contract import Backend
 from monitor.bench.guard import Guard
 from monitor.bench.timing import Clock, measure
-from monitor.config import GuardSettings
 from monitor.crossover import find_crossover
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
@@ -31,6 +30,7 @@ from monitor.model import (
     canonical_device,
 )
 from monitor.protocol import Environment, Message, Plan
+from monitor.settings import GuardSettings
 
 Emit = Callable[[Message], None]
 

@@ -7,8 +7,8 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from monitor.bench.contract import RunBlock
-from monitor.config import TimingSettings
 from monitor.model import StopReason, Timing
+from monitor.settings import TimingSettings
 
 Clock = Callable[[], float]
 

@@ -16,9 +16,9 @@ from monitor.bench.guard import GpuProbe, Guard, GuardUnavailable
 from monitor.bench.hostinfo import ProcStatMeter, default_cpu_threads
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
-from monitor.config import GuardSettings
 from monitor.errors import MonitorError
 from monitor.protocol import Done, Fatal, Message, Plan, encode
+from monitor.settings import GuardSettings
 
 
 def _claim_stdout() -> TextIO:

@@ -1,0 +1,445 @@
+"""The settings: frozen types whose fields declare their YAML key, kind and bounds (stdlib only).
+
+The constraints hold however a value is built (from YAML, from the worker's JSON, in a test):
+each type checks its fields against their ``Key`` when it is created. ``monitor/config.py`` reads
+YAML into these types and ``monitor/schema.py`` describes them as a JSON Schema.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from monitor.model import BACKENDS, DTYPES, MODES, Mode
+
+DEFAULT_PORT = 9437
+MAX_PORT = 65535
+MAX_SIZE = 65536  # an n-by-n float32 operand of this n is 16 GiB
+MAX_SIZES = 1000  # configured sizes: far more than any sweep can time
+DAY_S = 86400.0
+MAX_COUNT = 4096  # threads, GPUs, processes: more than any machine has
+# A third-party or test backend: an import path "package.module:attribute".
+SHOWN_CHARS = 60  # a value in a message is abridged to this many characters
+PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class Bad:
+    """A converter's verdict that a value is invalid, with the message to report."""
+
+    message: str
+
+
+def parse_duration(value: object) -> float | None:
+    """Seconds from ``30s``, ``15m``, ``1h30m``, ``250ms`` or a plain number; None if malformed."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+
+
+def abridged(value: object) -> str:
+    """repr(value), cut to a few dozen characters: a message never carries a whole (maybe huge) value."""
+    return brief(repr(value))
+
+
+def brief(text: str) -> str:
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+
+
+def show(value: object) -> str:
+    kinds = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return f"{kind} {abridged(value)}"
+
+
+def duration(*, positive: bool, minimum: float = 0.0, maximum: float = DAY_S) -> Callable[[Any], float | Bad]:
+    def convert(value: Any) -> float | Bad:
+        seconds = parse_duration(value)
+        if seconds is None or not math.isfinite(seconds):
+            return Bad(f"must be a duration like 30s, 15m, 1h or plain seconds, got {show(value)}")
+        if positive and seconds <= 0:
+            return Bad(f"must be greater than zero, got {abridged(value)}")
+        if seconds < 0:
+            return Bad(f"must not be negative, got {abridged(value)}")
+        if seconds and seconds < minimum:
+            return Bad(f"must be at least {minimum:g}s, got {abridged(value)}")
+        if seconds > maximum:
+            return Bad(f"must be at most {span(maximum)}, got {abridged(value)}")
+        return seconds
+
+    return convert
+
+
+def span(seconds: float) -> str:
+    days = seconds / DAY_S
+    return f"{days:g} day{'s' if days != 1 else ''}" if seconds >= DAY_S else f"{seconds:g}s"
+
+
+def integer(minimum: int, maximum: int = MAX_COUNT) -> Callable[[Any], int | Bad]:
+    def convert(value: Any) -> int | Bad:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return Bad(f"must be an integer, got {show(value)}")
+        if value < minimum:
+            return Bad(f"must be at least {minimum}, got {abridged(value)}")
+        if value > maximum:
+            return Bad(f"must be at most {maximum}, got {abridged(value)}")
+        return value
+
+    return convert
+
+
+def fraction(value: Any) -> float | Bad:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return Bad(f"must be a number, got {show(value)}")
+    if not 0 < value < 1:
+        return Bad(f"must be between 0 and 1 (exclusive), got {value}")
+    return float(value)
+
+
+def boolean(value: Any) -> bool | Bad:
+    if not isinstance(value, bool):
+        return Bad(f"must be true or false, got {show(value)}")
+    return value
+
+
+def converter(k: Key) -> Callable[[Any], Any]:
+    """The converter a key's kind and bounds call for (special keys are read by hand)."""
+    low = k.minimum if k.minimum is not None else 0
+    if k.kind == "integer":
+        return integer(int(low), int(k.maximum) if k.maximum is not None else MAX_COUNT)
+    if k.kind in ("duration", "positive_duration"):
+        top = k.maximum if k.maximum is not None else DAY_S
+        return duration(positive=k.kind == "positive_duration", minimum=low, maximum=top)
+    if k.kind == "number":
+        return number(low, k.maximum if k.maximum is not None else math.inf)
+    if k.kind == "fraction":
+        return fraction
+    if k.kind == "boolean":
+        return boolean
+    raise ValueError(f"key {k.name!r} is read by hand")
+
+
+def number(low: float, high: float) -> Callable[[Any], float | Bad]:
+    def convert(value: Any) -> float | Bad:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return Bad(f"must be a number, got {show(value)}")
+        if not low <= value <= high:
+            return Bad(f"must be between {low:g} and {high:g}, got {value}")
+        return float(value)
+
+    return convert
+
+
+KeyKind = Literal["integer", "number", "fraction", "duration", "positive_duration", "boolean", "special"]
+
+
+@dataclass(frozen=True)
+class Key:
+    """How a settings field is written in the YAML file: its key, kind, bounds and meaning.
+
+    Declared once on the field (``metadata``); the reader takes its converter from it and
+    ``monitor/schema.py`` its JSON Schema, so the two cannot drift apart. A ``special`` key is read
+    by hand and carries its own schema.
+    """
+
+    name: str
+    kind: KeyKind
+    help: str
+    minimum: float | None = None  # durations: a non-zero value must be at least this (0 may still mean "off")
+    maximum: float | None = None
+    schema: Mapping[str, Any] | None = None  # for special keys
+
+
+def key(name: str, kind: KeyKind, help_text: str, **bounds: Any) -> dict[str, Key]:
+    return {"yaml": Key(name, kind, help_text, **bounds)}
+
+
+def yaml_key(f: dataclasses.Field[Any]) -> Key | None:
+    found = f.metadata.get("yaml")
+    return found if isinstance(found, Key) else None
+
+
+def _check(instance: Any) -> None:
+    """Every field against its Key; a ValueError naming the key for the first that does not hold."""
+    for f in dataclasses.fields(instance):
+        k = yaml_key(f)
+        if k is not None and k.kind != "special":
+            verdict = converter(k)(getattr(instance, f.name))
+            if isinstance(verdict, Bad):
+                raise ValueError(f"{k.name}: {verdict.message}")
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSettings:
+    interval_s: float | None = field(
+        default=900.0,
+        metadata=key(
+            "interval",
+            "special",
+            "time between sweeps (or use cron, not both)",
+            minimum=1,
+            maximum=366 * DAY_S,
+            schema={"$ref": "#/definitions/duration"},
+        ),
+    )
+    cron: str | None = field(
+        default=None,
+        metadata=key(
+            "cron",
+            "special",
+            "5-field crontab in UTC; weekday 0 and 7 are Sunday; restrict day of month or weekday, not both",
+            schema={"type": "string", "pattern": r"^\S+(\s+\S+){4}$"},
+        ),
+    )
+    jitter_s: float = field(
+        default=0.0,
+        metadata=key(
+            "jitter", "duration", "random delay up to this, to spread a fleet's sweeps; shorter than the interval"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self)
+        _require((self.interval_s is None) != (self.cron is None), "schedule: set either interval or cron, not both")
+        if self.interval_s is not None:
+            verdict = duration(positive=True, minimum=1, maximum=366 * DAY_S)(self.interval_s)
+            _require(not isinstance(verdict, Bad), f"interval: {getattr(verdict, 'message', '')}")
+            _require(self.jitter_s < self.interval_s, "jitter: must be shorter than the interval")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingSettings:
+    """How hard the timing loop tries for each point."""
+
+    # At least one: it also waits out operand creation, which the GPU does asynchronously.
+    warmup_calls: int = field(
+        default=2, metadata=key("warmup_calls", "integer", "untimed calls per point before calibration", minimum=1)
+    )
+    block_s: float = field(
+        default=0.02, metadata=key("block_time", "positive_duration", "a timed block lasts at least this")
+    )
+    min_blocks: int = field(
+        default=5, metadata=key("min_blocks", "integer", "timed blocks per point, at least", minimum=3)
+    )
+    max_blocks: int = field(
+        default=50, metadata=key("max_blocks", "integer", "timed blocks per point, at most", minimum=3)
+    )
+    target_spread: float = field(
+        default=0.05,
+        metadata=key("target_spread", "fraction", "stop once IQR/median is at most this; above it a point is noisy"),
+    )
+    size_budget_s: float = field(
+        default=5.0, metadata=key("size_budget", "positive_duration", "stop repeating a point after this long")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self)
+        _require(self.max_blocks >= self.min_blocks, "max_blocks: must be at least min_blocks")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RefineSettings:
+    """Bisection between the sizes bracketing a crossover, after the configured sizes."""
+
+    enabled: bool = field(default=True, metadata=key("enabled", "boolean", "bisect between the sizes around n*"))
+    tolerance: float = field(
+        default=0.05, metadata=key("tolerance", "fraction", "stop once upper / lower - 1 is at most this")
+    )
+    budget_s: float = field(
+        default=60.0, metadata=key("budget", "positive_duration", "at most this much extra time per sweep")
+    )
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+_LISTED = {"type": "array", "minItems": 1, "uniqueItems": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkSettings:
+    backend: str = field(
+        default="tensorflow",
+        metadata=key(
+            "backend",
+            "special",
+            "tensorflow, torch, jax, or a plugin 'package.module:attribute'",
+            schema={"anyOf": [{"enum": list(BACKENDS)}, {"type": "string", "pattern": PLUGIN_BACKEND.pattern}]},
+        ),
+    )
+    devices: tuple[str, ...] | None = field(  # None: "auto", the CPU and every visible GPU
+        default=None,
+        metadata=key(
+            "devices",
+            "special",
+            "auto = the CPU and every visible GPU; or a list of framework device names",
+            schema={"anyOf": [{"const": "auto"}, {**_LISTED, "items": {"type": "string", "minLength": 1}}]},
+        ),
+    )
+    sizes: tuple[int, ...] = field(
+        default=(1, 10, 100, 500, 1000, 2000, 4000),
+        metadata=key(
+            "sizes",
+            "special",
+            "n of the n×n operands",
+            schema={
+                **_LISTED,
+                "maxItems": MAX_SIZES,
+                "items": {"type": "integer", "minimum": 1, "maximum": MAX_SIZE},
+            },
+        ),
+    )
+    dtypes: tuple[str, ...] = field(
+        default=("float32",),
+        metadata=key("dtypes", "special", "element types", schema={**_LISTED, "items": {"enum": list(DTYPES)}}),
+    )
+    modes: tuple[Mode, ...] = field(
+        default=("compute", "end_to_end"),
+        metadata=key(
+            "modes",
+            "special",
+            "compute: operands on the device; end_to_end: copied in and out every call",
+            schema={**_LISTED, "items": {"enum": list(MODES)}},
+        ),
+    )
+    timeout_s: float = field(default=600.0, metadata=key("timeout", "positive_duration", "deadline for a whole sweep"))
+    tf32: bool = field(default=False, metadata=key("tf32", "boolean", "TensorFloat-32 for float32 matmul"))
+    cpu_threads: int | None = field(  # None: "auto", from affinity and the container's CPU quota
+        default=None,
+        metadata=key(
+            "cpu_threads",
+            "special",
+            "framework CPU threads; auto = the usable cores, less one from four cores on",
+            schema={"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}]},
+        ),
+    )
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    refine: RefineSettings = field(default_factory=RefineSettings)
+    # Stop timing the CPU at larger sizes once every GPU beat it by this factor at two sizes in a row.
+    skip_cpu_above_speedup: float | None = field(
+        default=None,
+        metadata=key(
+            "skip_cpu_above_speedup",
+            "special",
+            "stop timing the CPU once every GPU beat it by this factor at two sizes in a row",
+            schema={"anyOf": [{"type": "null"}, {"type": "number", "exclusiveMinimum": 1}]},
+        ),
+    )
+    # GPUs this machine must have: fewer found is a failure (driver gone), not a quiet CPU-only sweep.
+    expect_gpus: int = field(default=0, metadata=key("expect_gpus", "integer", "GPUs the machine must have", minimum=0))
+
+    def __post_init__(self) -> None:
+        _check(self)
+        _require(
+            self.backend in BACKENDS or PLUGIN_BACKEND.fullmatch(self.backend) is not None,
+            f"backend: unknown backend {abridged(self.backend)}",
+        )
+        _require(self.devices is None or (bool(self.devices) and all(self.devices)), "devices: names must not be empty")
+        _require(
+            0 < len(self.sizes) <= MAX_SIZES and len(set(self.sizes)) == len(self.sizes), "sizes: 1 to 1000, unique"
+        )
+        _require(all(isinstance(n, int) and 0 < n <= MAX_SIZE for n in self.sizes), f"sizes: each 1 to {MAX_SIZE}")
+        _require(bool(self.dtypes) and set(self.dtypes) <= set(DTYPES), "dtypes: unknown or none")
+        _require(bool(self.modes) and set(self.modes) <= set(MODES), "modes: unknown or none")
+        _require(self.cpu_threads is None or 1 <= self.cpu_threads <= MAX_COUNT, "cpu_threads: 1 to 4096 or auto")
+        _require(
+            self.skip_cpu_above_speedup is None or self.skip_cpu_above_speedup > 1,
+            "skip_cpu_above_speedup: greater than 1",
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuardSettings:
+    """The interference guard: what counts as another program using a GPU or the CPU's cores."""
+
+    enabled: bool = field(default=True, metadata=key("enabled", "boolean", "the interference guard"))
+    # Without NVML the guard cannot see other programs on a GPU: then the GPU is not timed.
+    require_nvml: bool = field(
+        default=True,
+        metadata=key("require_nvml", "boolean", "without NVML, withhold GPUs instead of timing them blind"),
+    )
+    gpu_max_utilization_pct: float = field(  # busier than this before the worker uses it: busy
+        default=10.0,
+        metadata=key(
+            "gpu_max_utilization", "number", "percent; busier before the worker used it is busy", minimum=0, maximum=100
+        ),
+    )
+    gpu_max_other_processes: int = field(  # more processes of other programs on it than this: busy
+        default=0,
+        metadata=key("gpu_max_other_processes", "integer", "more other programs' processes than this: busy", minimum=0),
+    )
+    # A process that holds at most this much GPU memory and ran no kernel in the last second is a
+    # stray context (a framework opens one on GPU 0 by default), not a job: it does not count.
+    gpu_idle_process_max_mib: int = field(
+        default=1024,
+        metadata=key(
+            "gpu_idle_process_max_mib", "integer", "an idle process holding at most this many MiB is ignored", minimum=0
+        ),
+    )
+    # Other programs' load on the worker's cores, beyond the cores its threads leave free, in cores.
+    cpu_max_other_cores: float = field(
+        default=0.5,
+        metadata=key(
+            "cpu_max_other_cores",
+            "number",
+            "cores others may use beyond those the threads leave free",
+            minimum=0,
+            maximum=MAX_COUNT,
+        ),
+    )
+    retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
+        default=60.0,
+        metadata=key(
+            "retry_interval", "duration", "retry busy GPUs this often; 0 waits for the next sweep", minimum=10
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    host: str = "0.0.0.0"  # noqa: S104 - an exporter listens on every interface by default
+    port: int = DEFAULT_PORT
+
+    def __post_init__(self) -> None:
+        _require(bool(self.host) and 1 <= self.port <= MAX_PORT, f"listen: port 1 to {MAX_PORT} and a host")
+
+    @property
+    def listen(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
+    benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+    source: str = "<defaults>"
