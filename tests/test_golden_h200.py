@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from monitor import metrics
+from monitor.codec import from_data
 from monitor.metrics import EXPOSED_NAMES, build_registry, render
 from monitor.model import (
     CostModel,
     Crossover,
-    CrossoverState,
     DeviceInfo,
     Measurement,
     PointKey,
@@ -54,30 +54,20 @@ def _labels(key: frozenset[tuple[str, str]]) -> dict[str, str]:
 
 
 def _snapshot_from(samples: Samples) -> ServiceState:
-    """The ServiceState that the H200 service held, rebuilt from its scrape."""
+    """The ServiceState that the H200 service held, rebuilt from its scrape through the model's own decoder."""
+
+    def pick(labels: dict[str, str], *names: str) -> dict[str, object]:
+        return {name: labels[name] for name in names}
+
     devices = []
     for key in find(samples, "matmul_device_info"):
         labels = _labels(key)
-        details = tuple((k, labels[k]) for k in ("compute_capability", "threads") if labels.get(k))
-        devices.append(
-            DeviceInfo(
-                backend=labels["backend"],
-                device=labels["device"],
-                kind="gpu" if labels["kind"] == "gpu" else "cpu",
-                name=labels["name"],
-                details=details,
-            )
-        )
+        details = [[k, labels[k]] for k in ("compute_capability", "threads") if labels.get(k)]
+        devices.append(from_data(DeviceInfo, {**pick(labels, "backend", "device", "kind", "name"), "details": details}))
     measurements = []
     for key, median in find(samples, "matmul_duration_seconds").items():
         labels = _labels(key)
-        point = PointKey(
-            backend=labels["backend"],
-            device=labels["device"],
-            dtype=labels["dtype"],
-            mode=labels["mode"],  # type: ignore[arg-type]
-            size=int(labels["size"]),
-        )
+        point = from_data(PointKey, {**pick(labels, "backend", "device", "dtype", "mode"), "size": int(labels["size"])})
         timing = Timing(
             median_s=median,
             iqr_s=samples[("matmul_duration_iqr_seconds", key)],
@@ -93,33 +83,32 @@ def _snapshot_from(samples: Samples) -> ServiceState:
             continue
         labels = _labels(key)
         pair = frozenset((k, v) for k, v in key if k != "state")
-        crossovers.append(
-            Crossover(
-                backend=labels["backend"],
-                gpu=labels["gpu"],
-                cpu=labels["cpu"],
-                dtype=labels["dtype"],
-                mode=labels["mode"],  # type: ignore[arg-type]
-                state=CrossoverState(labels["state"]),
-                size=samples.get(("matmul_crossover_size", pair)),
-                lower=samples.get(("matmul_crossover_lower_size", pair)),
-                upper=samples.get(("matmul_crossover_upper_size", pair)),
-                ci_lower=samples.get(("matmul_crossover_ci_lower_size", pair)),
-                ci_upper=samples.get(("matmul_crossover_ci_upper_size", pair)),
+        bounds = {
+            field: samples.get((f"matmul_crossover_{metric}", pair))
+            for field, metric in (
+                ("size", "size"),
+                ("lower", "lower_size"),
+                ("upper", "upper_size"),
+                ("ci_lower", "ci_lower_size"),
+                ("ci_upper", "ci_upper_size"),
             )
+        }
+        crossovers.append(
+            from_data(Crossover, {**pick(labels, "backend", "gpu", "cpu", "dtype", "mode", "state"), **bounds})
         )
     costs = []
     for key, fixed in find(samples, "matmul_fixed_cost_seconds").items():
         labels = _labels(key)
+        peak = samples.get(("matmul_peak_flops_per_second", key))
         costs.append(
-            CostModel(
-                backend=labels["backend"],
-                device=labels["device"],
-                dtype=labels["dtype"],
-                mode=labels["mode"],  # type: ignore[arg-type]
-                fixed_s=fixed,
-                peak_flops=samples.get(("matmul_peak_flops_per_second", key)),
-                largest_size=4096,
+            from_data(
+                CostModel,
+                {
+                    **pick(labels, "backend", "device", "dtype", "mode"),
+                    "fixed_s": fixed,
+                    "peak_flops": peak,
+                    "largest_size": 4096,
+                },
             )
         )
     (bench_key,) = find(samples, "matmul_benchmark_info")
