@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,13 +16,11 @@ from typing import Any, TypeVar
 import yaml
 
 from monitor.errors import ConfigError, Problem
-from monitor.model import BACKENDS, DTYPES, MODES, canonical_device
+from monitor.model import DTYPES, MODES, canonical_device
 from monitor.settings import (
     DAY_S,
     MAX_PORT,
-    MAX_SIZE,
     MAX_SIZES,
-    PLUGIN_BACKEND,
     Bad,
     BenchmarkSettings,
     GuardSettings,
@@ -33,11 +30,16 @@ from monitor.settings import (
     Settings,
     TimingSettings,
     abridged,
+    backend_name,
     brief,
+    choice,
     converter,
+    device_name,
     duration,
     integer,
+    matrix_size,
     show,
+    speedup_factor,
     yaml_key,
 )
 
@@ -207,31 +209,6 @@ def _read_list(
     return tuple(items) if len(items) == len(value) else default
 
 
-def _size(value: Any) -> int | Bad:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return Bad(f"must be a positive integer matrix size, got {show(value)}")
-    if value <= 0:
-        return Bad(f"must be a positive integer matrix size, got {value}")
-    if value > MAX_SIZE:
-        return Bad(f"must be at most {MAX_SIZE} (an n×n float32 operand of that n is 16 GiB), got {value}")
-    return value
-
-
-def _choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str | Bad]:
-    def convert(value: Any) -> str | Bad:
-        if value in choices:
-            return str(value)
-        return Bad(f"unknown {what} {abridged(value)} (choose from {', '.join(choices)})")
-
-    return convert
-
-
-def _device(value: Any) -> str | Bad:
-    if isinstance(value, str) and value.strip():
-        return value
-    return Bad(f"must be a device name string such as '/CPU:0' or '/GPU:0', got {show(value)}")
-
-
 def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
     section = r.section(bench, "timing", "benchmark.timing")
     r.reject_unknown(section, keys_of(TimingSettings), "benchmark.timing")
@@ -245,12 +222,6 @@ def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
     return TimingSettings(**values)
 
 
-def _speedup_factor(value: Any) -> float | Bad:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
-        return Bad(f"must be a number greater than 1, got {show(value)}")
-    return float(value)
-
-
 def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
     section = r.section(bench, "refine", "benchmark.refine")
     r.reject_unknown(section, keys_of(RefineSettings), "benchmark.refine")
@@ -262,14 +233,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     r.reject_unknown(bench, keys_of(BenchmarkSettings) | {"timing", "refine"}, "benchmark")
     d = BenchmarkSettings()
 
-    backend = bench.get("backend", d.backend)
-    if not isinstance(backend, str) or (backend not in BACKENDS and PLUGIN_BACKEND.fullmatch(backend) is None):
-        r.add(
-            "benchmark.backend",
-            f"unknown backend {abridged(backend)} (choose from {', '.join(BACKENDS)}, "
-            "or give a plugin as 'package.module:attribute')",
-        )
-        backend = d.backend
+    backend = r.get(bench, "backend", "benchmark.backend", d.backend, backend_name)
 
     devices: tuple[str, ...] | None = None
     raw_devices = bench.get("devices", "auto")
@@ -277,7 +241,7 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
         if isinstance(raw_devices, str):
             r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {abridged(raw_devices)}")
         else:
-            devices = _read_list(r, bench, "devices", (), _device) or None
+            devices = _read_list(r, bench, "devices", (), device_name) or None
             seen: dict[str, str] = {}
             for index, name in enumerate(devices or ()):
                 if canonical_device(name) in seen:
@@ -294,15 +258,15 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
     return BenchmarkSettings(
         backend=backend,
         devices=devices,
-        sizes=tuple(sorted(_read_list(r, bench, "sizes", d.sizes, _size))),
-        dtypes=_read_list(r, bench, "dtypes", d.dtypes, _choice(DTYPES, "dtype")),
-        modes=_read_list(r, bench, "modes", d.modes, _choice(MODES, "mode")),  # type: ignore[arg-type]
+        sizes=tuple(sorted(_read_list(r, bench, "sizes", d.sizes, matrix_size))),
+        dtypes=_read_list(r, bench, "dtypes", d.dtypes, choice(DTYPES, "dtype")),
+        modes=_read_list(r, bench, "modes", d.modes, choice(MODES, "mode")),  # type: ignore[arg-type]
         cpu_threads=cpu_threads,
         timing=_read_timing(r, bench),
         refine=_read_refine(r, bench),
         **_read_keys(r, bench, BenchmarkSettings, "benchmark"),  # timeout, tf32, expect_gpus
         skip_cpu_above_speedup=r.get(
-            bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, _speedup_factor
+            bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, speedup_factor
         ),
     )
 

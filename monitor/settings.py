@@ -149,6 +149,46 @@ def number(low: float, high: float) -> Callable[[Any], float | Bad]:
     return convert
 
 
+def matrix_size(value: Any) -> int | Bad:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return Bad(f"must be a positive integer matrix size, got {show(value)}")
+    if value <= 0:
+        return Bad(f"must be a positive integer matrix size, got {value}")
+    if value > MAX_SIZE:
+        return Bad(f"must be at most {MAX_SIZE} (an n×n float32 operand of that n is 16 GiB), got {value}")
+    return value
+
+
+def choice(choices: tuple[str, ...], what: str) -> Callable[[Any], str | Bad]:
+    def convert(value: Any) -> str | Bad:
+        if value in choices:
+            return str(value)
+        return Bad(f"unknown {what} {abridged(value)} (choose from {', '.join(choices)})")
+
+    return convert
+
+
+def device_name(value: Any) -> str | Bad:
+    if isinstance(value, str) and value.strip():
+        return value
+    return Bad(f"must be a device name string such as '/CPU:0' or '/GPU:0', got {show(value)}")
+
+
+def speedup_factor(value: Any) -> float | Bad:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 1:
+        return Bad(f"must be a number greater than 1, got {show(value)}")
+    return float(value)
+
+
+def backend_name(value: Any) -> str | Bad:
+    if isinstance(value, str) and (value in BACKENDS or PLUGIN_BACKEND.fullmatch(value) is not None):
+        return value
+    return Bad(
+        f"unknown backend {abridged(value)} (choose from {', '.join(BACKENDS)}, "
+        "or give a plugin as 'package.module:attribute')"
+    )
+
+
 KeyKind = Literal["integer", "number", "fraction", "duration", "positive_duration", "boolean", "special"]
 
 
@@ -186,6 +226,11 @@ def _check(instance: Any) -> None:
             verdict = converter(k)(getattr(instance, f.name))
             if isinstance(verdict, Bad):
                 raise ValueError(f"{k.name}: {verdict.message}")
+
+
+def _holds(name: str, verdict: object) -> None:
+    if isinstance(verdict, Bad):  # a broken rule is a ValueError whatever the type: the codec names the field
+        raise ValueError(f"{name}: {verdict.message}")  # noqa: TRY004
 
 
 def _require(condition: bool, message: str) -> None:
@@ -226,8 +271,7 @@ class ScheduleSettings:
         _check(self)
         _require((self.interval_s is None) != (self.cron is None), "schedule: set either interval or cron, not both")
         if self.interval_s is not None:
-            verdict = duration(positive=True, minimum=1, maximum=366 * DAY_S)(self.interval_s)
-            _require(not isinstance(verdict, Bad), f"interval: {getattr(verdict, 'message', '')}")
+            _holds("interval", duration(positive=True, minimum=1, maximum=366 * DAY_S)(self.interval_s))
             _require(self.jitter_s < self.interval_s, "jitter: must be shorter than the interval")
 
 
@@ -354,22 +398,24 @@ class BenchmarkSettings:
 
     def __post_init__(self) -> None:
         _check(self)
-        _require(
-            self.backend in BACKENDS or PLUGIN_BACKEND.fullmatch(self.backend) is not None,
-            f"backend: unknown backend {abridged(self.backend)}",
-        )
-        _require(self.devices is None or (bool(self.devices) and all(self.devices)), "devices: names must not be empty")
-        _require(
-            0 < len(self.sizes) <= MAX_SIZES and len(set(self.sizes)) == len(self.sizes), "sizes: 1 to 1000, unique"
-        )
-        _require(all(isinstance(n, int) and 0 < n <= MAX_SIZE for n in self.sizes), f"sizes: each 1 to {MAX_SIZE}")
-        _require(bool(self.dtypes) and set(self.dtypes) <= set(DTYPES), "dtypes: unknown or none")
-        _require(bool(self.modes) and set(self.modes) <= set(MODES), "modes: unknown or none")
-        _require(self.cpu_threads is None or 1 <= self.cpu_threads <= MAX_COUNT, "cpu_threads: 1 to 4096 or auto")
-        _require(
-            self.skip_cpu_above_speedup is None or self.skip_cpu_above_speedup > 1,
-            "skip_cpu_above_speedup: greater than 1",
-        )
+        # The reader's own converters, so a value built in code meets the same rules with the same words.
+        _holds("backend", backend_name(self.backend))
+        for name, values, convert in (
+            ("devices", self.devices or (), device_name),
+            ("sizes", self.sizes, matrix_size),
+            ("dtypes", self.dtypes, choice(DTYPES, "dtype")),
+            ("modes", self.modes, choice(MODES, "mode")),
+        ):
+            _require(name == "devices" or bool(values), f"{name}: must not be empty")
+            _require(
+                len(values) <= MAX_SIZES and len(set(values)) == len(values), f"{name}: at most {MAX_SIZES}, unique"
+            )
+            for index, value in enumerate(values):
+                _holds(f"{name}[{index}]", convert(value))
+        if self.cpu_threads is not None:
+            _holds("cpu_threads", integer(1)(self.cpu_threads))
+        if self.skip_cpu_above_speedup is not None:
+            _holds("skip_cpu_above_speedup", speedup_factor(self.skip_cpu_above_speedup))
 
 
 @dataclass(frozen=True, kw_only=True)
