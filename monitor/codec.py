@@ -111,8 +111,11 @@ def _decode_scalar(annotation: Any, data: Any, path: str) -> Any:
             return data
         raise DecodeError(path, f"expected an integer, got {_show(data)}")
     if annotation is float:
-        if isinstance(data, int | float) and not isinstance(data, bool) and math.isfinite(data):
-            return float(data)
+        try:
+            if isinstance(data, int | float) and not isinstance(data, bool) and math.isfinite(data):
+                return float(data)
+        except OverflowError:  # an integer beyond any float
+            pass
         raise DecodeError(path, f"expected a finite number, got {_show(data)}")
     if annotation is str:
         if isinstance(data, str):

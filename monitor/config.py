@@ -18,7 +18,6 @@ import yaml
 from monitor.errors import ConfigError, Problem
 from monitor.model import DTYPES, MODES, canonical_device
 from monitor.settings import (
-    DAY_S,
     MAX_PORT,
     MAX_SIZES,
     Bad,
@@ -35,8 +34,8 @@ from monitor.settings import (
     choice,
     converter,
     device_name,
-    duration,
     integer,
+    interval_converter,
     matrix_size,
     show,
     speedup_factor,
@@ -150,10 +149,7 @@ def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
     section = r.section(data, "schedule", "schedule")
     r.reject_unknown(section, keys_of(ScheduleSettings), "schedule")
     # At least a second (a sweep takes longer than that anyway), at most a year: see its Key.
-    interval_key = yaml_key(next(f for f in dataclasses.fields(ScheduleSettings) if f.name == "interval_s"))
-    assert interval_key is not None  # noqa: S101 - declared above
-    bounds = duration(positive=True, minimum=interval_key.minimum or 0, maximum=interval_key.maximum or DAY_S)
-    interval = r.get(section, "interval", "schedule.interval", None, bounds)
+    interval = r.get(section, "interval", "schedule.interval", None, interval_converter())
     cron = section.get("cron")
     if cron is not None:
         # Imported here, not at the top: every timing worker imports this module (for the settings
@@ -250,6 +246,8 @@ def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
                         f"{abridged(name)} is the same device as {abridged(seen[canonical_device(name)])}",
                     )
                 seen.setdefault(canonical_device(name), name)
+            if devices is not None and len(seen) < len(devices):
+                devices = None  # the default stands in while the problem is reported
 
     cpu_threads: int | None = None
     if bench.get("cpu_threads", "auto") not in ("auto", None):

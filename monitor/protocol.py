@@ -35,6 +35,23 @@ class Plan:
     # A retry of busy GPUs: look at them first, and time nothing (not even the CPU) if all are still busy.
     retry: bool = False
 
+    def __post_init__(self) -> None:
+        # The benchmark settings it carries hold the rules BenchmarkSettings declares (a ValueError naming
+        # the key otherwise), however the plan was built: from settings, from the worker's JSON, in code.
+        BenchmarkSettings(
+            backend=self.backend,
+            devices=self.devices,
+            sizes=self.sizes,
+            dtypes=self.dtypes,
+            modes=self.modes,
+            tf32=self.tf32,
+            cpu_threads=self.cpu_threads,
+            timing=self.timing,
+            refine=self.refine,
+            skip_cpu_above_speedup=self.skip_cpu_above_speedup,
+            expect_gpus=self.expect_gpus,
+        )
+
     @classmethod
     def from_settings(cls, bench: BenchmarkSettings, guard: GuardSettings) -> Plan:
         return cls(

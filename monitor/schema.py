@@ -10,15 +10,13 @@ import dataclasses
 import json
 from typing import Any
 
-from monitor.settings import DAY_S, MAX_COUNT, MAX_PORT, Key, Settings, yaml_key
+from monitor.settings import DAY_S, MAX_COUNT, MAX_PORT, Key, Settings, span, yaml_key
 
 SCHEMA_ID = "https://github.com/crossover-monitor/crossover-monitor/deploy/config.schema.json"
-# A duration: plain seconds, or parts like 1h30m, 250ms.
-_DURATION_TEXT = r"^\s*((\d+(\.\d+)?)|((\d+(\.\d+)?)(ms|s|m|h|d))+)\s*$"
-
-
-def _seconds(value: float) -> str:
-    return f"{value / DAY_S:g} days" if value >= DAY_S else f"{value:g}s"
+# A duration as text: Python's float() forms (1e3, .5, +30, 1_000) or parts like 1h30m, 250ms;
+# surrounding spaces allowed, as the loader strips them.
+_NUMBER_TEXT = r"[+-]?((\d(_?\d)*)(\.(\d(_?\d)*)?)?|\.\d(_?\d)*)([eE][+-]?\d(_?\d)*)?"
+_DURATION_TEXT = rf"^\s*({_NUMBER_TEXT}|((\d+(\.\d+)?)(ms|s|m|h|d))+)\s*$"
 
 
 def _property(k: Key, default: Any) -> dict[str, Any]:
@@ -42,8 +40,8 @@ def _property(k: Key, default: Any) -> dict[str, Any]:
     description = k.help
     if k.kind in ("duration", "positive_duration") or k.name == "interval":
         top = k.maximum if k.maximum is not None else DAY_S
-        least = f"at least {_seconds(low)}, " if low else ""
-        description += f" ({least}at most {_seconds(top)})"
+        least = f"at least {span(low)}, " if low else ""
+        description += f" ({least}at most {span(top)})"
     # Every key may also be null: the loader reads a null key as absent (its default).
     return {"anyOf": [body, {"type": "null"}], "description": description, "default": _default(k, default)}
 
@@ -51,7 +49,7 @@ def _property(k: Key, default: Any) -> dict[str, Any]:
 def _default(k: Key, value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
-    if value is None and k.schema is not None and "auto" in json.dumps(k.schema):
+    if value is None and k.auto:
         return "auto"  # devices and cpu_threads: None is how "auto" is held
     return value
 
@@ -63,7 +61,8 @@ def _section(cls: type[Any], extra: dict[str, Any] | None = None) -> dict[str, A
         for f in dataclasses.fields(cls)
         if (k := yaml_key(f)) is not None
     }
-    return {"type": "object", "additionalProperties": False, "properties": {**properties, **(extra or {})}}
+    # A section may be null too: the loader reads a null section as empty.
+    return {"type": ["object", "null"], "additionalProperties": False, "properties": {**properties, **(extra or {})}}
 
 
 def config_schema() -> dict[str, Any]:
@@ -79,12 +78,12 @@ def config_schema() -> dict[str, Any]:
         "benchmark": _section(benchmark, nested),
         "guard": _section(type(settings.guard)),
         "server": {
-            "type": "object",
+            "type": ["object", "null"],
             "additionalProperties": False,
             "properties": {
                 "listen": {
-                    "type": "string",
-                    "pattern": r"^(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+):[0-9]{1,5}$",
+                    "type": ["string", "null"],
+                    "pattern": r"^\s*(\[[^\]]+\]|[^:\[\]]+):[0-9]{1,5}\s*$",
                     "description": f"where to serve, HOST:PORT (IPv6 in brackets); port 1 to {MAX_PORT}",
                     "default": settings.server.listen,
                 }
@@ -98,7 +97,7 @@ def config_schema() -> dict[str, Any]:
         "description": "Every key is optional; deploy/config.example.yaml spells out the defaults.",
         "type": ["object", "null"],
         "additionalProperties": False,
-        "properties": {name: {**body, "type": ["object", "null"]} for name, body in sections.items()},
+        "properties": sections,
         "definitions": {
             "duration": {
                 "description": "a duration: 30s, 15m, 1h30m, 250ms or plain seconds",

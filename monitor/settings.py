@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from monitor.model import BACKENDS, DTYPES, MODES, Mode
+from monitor.model import BACKENDS, DTYPES, MODES, Mode, canonical_device
 
 DEFAULT_PORT = 9437
 MAX_PORT = 65535
@@ -22,8 +22,8 @@ MAX_SIZE = 65536  # an n-by-n float32 operand of this n is 16 GiB
 MAX_SIZES = 1000  # configured sizes: far more than any sweep can time
 DAY_S = 86400.0
 MAX_COUNT = 4096  # threads, GPUs, processes: more than any machine has
-# A third-party or test backend: an import path "package.module:attribute".
 SHOWN_CHARS = 60  # a value in a message is abridged to this many characters
+# A third-party or test backend: an import path "package.module:attribute".
 PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -207,6 +207,7 @@ class Key:
     minimum: float | None = None  # durations: a non-zero value must be at least this (0 may still mean "off")
     maximum: float | None = None
     schema: Mapping[str, Any] | None = None  # for special keys
+    auto: bool = False  # the field holds None for the YAML value "auto"
 
 
 def key(name: str, kind: KeyKind, help_text: str, **bounds: Any) -> dict[str, Key]:
@@ -223,7 +224,10 @@ def _check(instance: Any) -> None:
     for f in dataclasses.fields(instance):
         k = yaml_key(f)
         if k is not None and k.kind != "special":
-            verdict = converter(k)(getattr(instance, f.name))
+            value = getattr(instance, f.name)
+            if k.kind != "boolean" and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise TypeError(f"{k.name}: must be a number (seconds for a duration), got {abridged(value)}")
+            verdict = converter(k)(value)
             if isinstance(verdict, Bad):
                 raise ValueError(f"{k.name}: {verdict.message}")
 
@@ -257,7 +261,7 @@ class ScheduleSettings:
             "cron",
             "special",
             "5-field crontab in UTC; weekday 0 and 7 are Sunday; restrict day of month or weekday, not both",
-            schema={"type": "string", "pattern": r"^\S+(\s+\S+){4}$"},
+            schema={"type": "string", "pattern": r"^\s*\S+(\s+\S+){4}\s*$"},
         ),
     )
     jitter_s: float = field(
@@ -269,10 +273,21 @@ class ScheduleSettings:
 
     def __post_init__(self) -> None:
         _check(self)
-        _require((self.interval_s is None) != (self.cron is None), "schedule: set either interval or cron, not both")
+        _require(self.interval_s is None or self.cron is None, "schedule: set either interval or cron, not both")
+        _require(self.interval_s is not None or self.cron is not None, "schedule: set an interval or a cron")
         if self.interval_s is not None:
-            _holds("interval", duration(positive=True, minimum=1, maximum=366 * DAY_S)(self.interval_s))
+            _holds("interval", interval_converter()(self.interval_s))
             _require(self.jitter_s < self.interval_s, "jitter: must be shorter than the interval")
+        if self.cron is not None:
+            _require(len(self.cron.split()) == 5, "cron: must have 5 fields")  # noqa: PLR2004 - minute … weekday
+
+
+def interval_converter() -> Callable[[Any], float | Bad]:
+    """schedule.interval's converter, from the bounds its Key declares."""
+    k = yaml_key(next(f for f in dataclasses.fields(ScheduleSettings) if f.name == "interval_s"))
+    if k is None or k.minimum is None or k.maximum is None:
+        raise TypeError("schedule.interval declares its bounds")
+    return duration(positive=True, minimum=k.minimum, maximum=k.maximum)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -342,6 +357,7 @@ class BenchmarkSettings:
             "special",
             "auto = the CPU and every visible GPU; or a list of framework device names",
             schema={"anyOf": [{"const": "auto"}, {**_LISTED, "items": {"type": "string", "minLength": 1}}]},
+            auto=True,
         ),
     )
     sizes: tuple[int, ...] = field(
@@ -379,6 +395,7 @@ class BenchmarkSettings:
             "special",
             "framework CPU threads; auto = the usable cores, less one from four cores on",
             schema={"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}]},
+            auto=True,
         ),
     )
     timing: TimingSettings = field(default_factory=TimingSettings)
@@ -407,11 +424,13 @@ class BenchmarkSettings:
             ("modes", self.modes, choice(MODES, "mode")),
         ):
             _require(name == "devices" or bool(values), f"{name}: must not be empty")
-            _require(
-                len(values) <= MAX_SIZES and len(set(values)) == len(values), f"{name}: at most {MAX_SIZES}, unique"
-            )
             for index, value in enumerate(values):
                 _holds(f"{name}[{index}]", convert(value))
+            unique = len(set(values)) == len(values)
+            _require(len(values) <= MAX_SIZES and unique, f"{name}: at most {MAX_SIZES} entries, each once")
+        _require(list(self.sizes) == sorted(self.sizes), "sizes: must be in ascending order")
+        names = [canonical_device(d) for d in self.devices or ()]
+        _require(len(set(names)) == len(names), "devices: two names for one device")
         if self.cpu_threads is not None:
             _holds("cpu_threads", integer(1)(self.cpu_threads))
         if self.skip_cpu_above_speedup is not None:

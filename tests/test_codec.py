@@ -108,3 +108,33 @@ def test_a_malformed_worker_message_names_its_field() -> None:
         ProtocolError, match=r"malformed measurement message from the worker: timing\.blocks: expected an integer"
     ):
         decode(json.dumps(body))
+
+
+def test_an_integer_beyond_any_float_is_a_decode_error_not_a_crash() -> None:
+    """10**400 where a float belongs: a DecodeError naming the field (an OverflowError would kill the reader)."""
+    data = to_data(SNAPSHOT)
+    data["finished_at"] = 10**400
+    with pytest.raises(DecodeError, match="finished_at: expected a finite number"):
+        from_data(Snapshot, data)
+
+
+def test_a_plan_from_the_wire_holds_the_benchmark_rules() -> None:
+    """A plan whose JSON breaks a declared rule (a size of 0, an unknown dtype) is refused with the key named."""
+    from monitor.protocol import Plan  # noqa: PLC0415
+    from monitor.settings import BenchmarkSettings  # noqa: PLC0415
+
+    good = json.loads(Plan.from_settings(BenchmarkSettings(), GuardSettings()).to_json())
+    for change, message in (
+        (("sizes", [0, 10]), r"sizes\[0\]"),
+        (("dtypes", ["float8"]), r"dtypes\[0\]: unknown dtype"),
+    ):
+        with pytest.raises(DecodeError, match=message):
+            from_data(Plan, {**good, change[0]: change[1]})
+
+
+def test_settings_built_in_code_refuse_text_durations() -> None:
+    """A duration field holds seconds: text is YAML's business, and a string there is a TypeError, not kept."""
+    from monitor.settings import TimingSettings  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match="block_time: must be a number"):
+        TimingSettings(block_s="30s")  # type: ignore[arg-type]

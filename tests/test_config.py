@@ -251,7 +251,7 @@ def test_listen_flag_overrides_config() -> None:
         (lambda: BenchmarkSettings(sizes=(0,)), r"sizes\[0\]: must be a positive integer matrix size"),
         (lambda: BenchmarkSettings(expect_gpus=10**31), "expect_gpus: must be at most 4096"),
         (lambda: ScheduleSettings(interval_s=60, jitter_s=60), "jitter: must be shorter than the interval"),
-        (lambda: ScheduleSettings(interval_s=None, cron=None), "either interval or cron"),
+        (lambda: ScheduleSettings(interval_s=None, cron=None), "set an interval or a cron"),
     ],
     ids=["blocks", "block_time", "retry", "utilisation", "sizes", "expect_gpus", "jitter", "no-schedule"],
 )

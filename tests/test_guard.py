@@ -118,7 +118,9 @@ def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any
 def _run(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
     backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
     messages: list[Message] = []
-    run_plan(plan or make_plan("fake", modes=("compute",)), backend, messages.append, time.perf_counter, guard)
+    run_plan(
+        plan or make_plan("tests.fakes:curve", modes=("compute",)), backend, messages.append, time.perf_counter, guard
+    )
     return backend, messages
 
 
@@ -211,7 +213,7 @@ class _ThreadWorker:
 
 
 def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, SweepOutcome]:
-    plan = plan or make_plan("fake", modes=("compute",))
+    plan = plan or make_plan("tests.fakes:curve", modes=("compute",))
     guard = _guard(FakeProbe(script))
     outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: _ThreadWorker(p, guard))
     return outcome.result, outcome
@@ -267,7 +269,7 @@ def test_a_retry_that_measures_the_gpu_replaces_what_was_carried() -> None:
         store.record(_sweep(script)[1])
     before = store.read().latest
     assert before is not None
-    _, retry = _sweep(lambda _: IDLE, make_plan("fake", modes=("compute",), devices=("/CPU:0", "/GPU:0")))
+    _, retry = _sweep(lambda _: IDLE, make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:0")))
     assert store.record_retry(retry).value == "measured"
     served = store.read().latest
     assert served is not None
@@ -545,7 +547,7 @@ def test_nvml_index_follows_cuda_visible_devices() -> None:
 
 def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
     """A retry looks at the GPUs first: all still busy, so not even the CPU is timed (no load on the node)."""
-    plan = dataclasses.replace(make_plan("fake", modes=("compute",)), retry=True)
+    plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
     backend, messages = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))), plan)
     assert _withheld(messages)
     assert backend.blocks == {}
@@ -566,7 +568,7 @@ def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that
 
 def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
     """A retry whose GPU turns out busy after its first point times no further CPU point."""
-    plan = dataclasses.replace(make_plan("fake", modes=("compute",)), retry=True)
+    plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
     probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
     _, messages = _run(_guard(probe), plan)
     assert _withheld(messages)
@@ -577,7 +579,9 @@ def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
     """A named device missing from a retry is a failure, but not a fatal one (a GPU reset heals)."""
     from monitor.model import DeviceFailure  # noqa: PLC0415
 
-    plan = dataclasses.replace(make_plan("fake", modes=("compute",), devices=("/CPU:0", "/GPU:7")), retry=True)
+    plan = dataclasses.replace(
+        make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:7")), retry=True
+    )
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE)), plan)
     (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failure.device == "/GPU:7"

@@ -35,7 +35,7 @@ def _run(plan: Plan) -> tuple[list[DeviceInfo], list[Measurement]]:
 
 def test_n1_is_probed_for_the_fixed_cost_when_not_configured() -> None:
     """Without 1 in the sizes, each device still gets a probe at n=1, and the cost model uses it."""
-    _, measurements = _run(make_plan("fake", modes=("compute",)))
+    _, measurements = _run(make_plan("tests.fakes:curve", modes=("compute",)))
     probes = [m for m in measurements if m.role == "probe"]
     assert {(m.key.device, m.key.size) for m in probes} == {("/CPU:0", 1), ("/GPU:0", 1)}
     costs = {c.device: c for c in cost_models(measurements)}
@@ -47,7 +47,8 @@ def test_n1_is_probed_for_the_fixed_cost_when_not_configured() -> None:
 def test_refinement_pins_the_crossover_within_tolerance() -> None:
     """Bisection between 32 and 64 narrows the bracket around the true n ≈ 46 to within 5%."""
     plan = dataclasses.replace(
-        make_plan("fake", modes=("compute",)), refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=30)
+        make_plan("tests.fakes:curve", modes=("compute",)),
+        refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=30),
     )
     devices, measurements = _run(plan)
     assert {m.key.size for m in measurements if m.role == "refine"} <= set(range(33, 64))
@@ -63,7 +64,8 @@ def test_refinement_pins_the_crossover_within_tolerance() -> None:
 def test_refinement_stops_when_its_budget_is_spent() -> None:
     """A budget that is spent before the first bisection step adds no refined sizes."""
     plan = dataclasses.replace(
-        make_plan("fake", modes=("compute",)), refine=RefineSettings(enabled=True, tolerance=0.001, budget_s=1e-6)
+        make_plan("tests.fakes:curve", modes=("compute",)),
+        refine=RefineSettings(enabled=True, tolerance=0.001, budget_s=1e-6),
     )
     _, measurements = _run(plan)
     assert {m.key.size for m in measurements if m.role == "refine"} == set()
@@ -72,7 +74,8 @@ def test_refinement_stops_when_its_budget_is_spent() -> None:
 def test_cpu_is_skipped_far_past_the_crossover_when_allowed() -> None:
     """With skip_cpu_above_speedup=10, the CPU stops after two sizes where the GPU won by 10x or more."""
     plan = dataclasses.replace(
-        make_plan("fake", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)), skip_cpu_above_speedup=10.0
+        make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
+        skip_cpu_above_speedup=10.0,
     )
     _, measurements = _run(plan)
     cpu_sizes = {m.key.size for m in measurements if m.key.device == "/CPU:0" and m.role == "sweep"}
@@ -83,13 +86,13 @@ def test_cpu_is_skipped_far_past_the_crossover_when_allowed() -> None:
 
 def test_cpu_is_never_skipped_by_default() -> None:
     """Without the setting every configured size is timed on the CPU."""
-    _, measurements = _run(make_plan("fake", sizes=(16, 64, 256, 512), modes=("compute",)))
+    _, measurements = _run(make_plan("tests.fakes:curve", sizes=(16, 64, 256, 512), modes=("compute",)))
     assert {m.key.size for m in measurements if m.key.device == "/CPU:0" and m.role == "sweep"} == {16, 64, 256, 512}
 
 
 def test_bootstrap_interval_surrounds_the_crossover() -> None:
     """The 95% interval from resampled blocks contains the point estimate."""
-    devices, measurements = _run(make_plan("fake", modes=("compute",)))
+    devices, measurements = _run(make_plan("tests.fakes:curve", modes=("compute",)))
     (crossover,) = crossovers(devices, measurements)
     assert crossover.size is not None
     assert crossover.ci_lower is not None
@@ -108,7 +111,7 @@ def test_impossible_medians_are_failures_not_numbers() -> None:
     """A zero median (a broken clock or backend) is reported as a failed point, never exported."""
     messages: list[Message] = []
     backend = InstantBackend(BackendOptions(tf32=False, cpu_threads=1))
-    run_plan(make_plan("fake", sizes=(16,), modes=("compute",)), backend, messages.append, lambda: 0.0)
+    run_plan(make_plan("tests.fakes:curve", sizes=(16,), modes=("compute",)), backend, messages.append, lambda: 0.0)
     assert not [m for m in messages if isinstance(m, Measurement)]
     failures = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failures
@@ -134,7 +137,7 @@ def test_the_fixed_cost_probe_does_not_sway_the_crossover() -> None:
 
 def test_given_up_devices_are_reported_but_never_touched() -> None:
     """A device that failed fatally before is reported down again, and not one point is timed on it."""
-    plan = dataclasses.replace(make_plan("fake", sizes=(16,), modes=("compute",)), given_up=("/GPU:0",))
+    plan = dataclasses.replace(make_plan("tests.fakes:curve", sizes=(16,), modes=("compute",)), given_up=("/GPU:0",))
     messages: list[Message] = []
     run_plan(plan, CurveBackend(BackendOptions(tf32=False, cpu_threads=1)), messages.append, time.perf_counter)
     measured = {m.key.device for m in messages if isinstance(m, Measurement)}

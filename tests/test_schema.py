@@ -119,6 +119,23 @@ VALUES = st.one_of(
 )
 
 
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"schedule": None, "benchmark": {"timing": None, "refine": None}, "guard": None, "server": {"listen": None}},
+        {"schedule": {"interval": "1e3", "jitter": " 30s "}},
+        {"schedule": {"interval": ".5e1"}},
+        {"server": {"listen": "[fe80::1%eth0]:9437"}},
+        {"schedule": {"cron": " */5 * * * * "}},
+    ],
+    ids=["nulls", "float-text", "dot-float", "zone-id", "spaced-cron"],
+)
+def test_forms_the_loader_takes_pass_the_schema(document: dict[str, Any]) -> None:
+    """Null sections and keys, float() forms of durations, spaces the loader strips: valid for both."""
+    assert _loads(document), document
+    assert VALIDATOR.is_valid(document), document
+
+
 @settings(max_examples=400, deadline=None)
 @given(data=st.data())
 def test_whatever_the_loader_accepts_the_schema_accepts(data: st.DataObject) -> None:

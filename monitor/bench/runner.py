@@ -7,6 +7,7 @@ change the answer; each of these is bounded by the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,11 +183,12 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     Sizes are the outer loop over devices so that the CPU and GPU timings of one size are taken
     close together in time, and drift on the host affects both alike.
     """
-    emit(Environment(dict(backend.environment())))
+    # Plain strings on the wire, whatever a plug-in hands over (an int thread count, say).
+    emit(Environment({str(k): str(v) for k, v in backend.environment().items()}))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     for device in devices:
-        emit(device)
+        emit(dataclasses.replace(device, details=tuple((str(k), str(v)) for k, v in device.details)))
     _report_missing_gpus(plan, backend.name, sum(1 for d in devices if d.kind == "gpu"), emit)
     guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
