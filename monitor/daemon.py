@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from monitor import systemd
@@ -35,6 +38,21 @@ _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
 # unit's TimeoutStopSec and the pod's terminationGracePeriodSeconds must leave room for it.
 STOP_WAIT_S = KILL_GRACE_S * 2 + 1
+
+
+def temp_dir_problem() -> str | None:
+    """Why no temporary file can be made here (the frameworks in the worker need one), or None."""
+    try:
+        handle, path = tempfile.mkstemp(prefix="crossover-monitor-")
+    except OSError as exc:
+        where = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - naming where it looked, not using it
+        return (
+            f"no writable temporary directory ({where}: {exc.strerror or exc}); mount one there "
+            "(e.g. an emptyDir or tmpfs at /tmp) or point TMPDIR at one"
+        )
+    os.close(handle)
+    Path(path).unlink()
+    return None
 
 
 def framework_version(backend: str) -> str:
@@ -98,6 +116,9 @@ class Service:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
+        problem = temp_dir_problem()
+        if problem is not None:
+            return False, problem
         state = self._store.read()
         if state.latest is None:
             return False, "no sweep has completed yet"
@@ -146,20 +167,12 @@ class Service:
         started_at = time.time()
         what = "retry" if retry else "sweep"
         try:
-            bench = self._settings.benchmark
-            log.info(f"{what} started", extra={"backend": bench.backend, "devices": plan.devices or "auto"})
-            outcome = run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
-            self._give_up_on_fatal(outcome)
-            fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
-            if retry:
-                fields["result"] = self._store.record_retry(outcome).value
-                log.info("retry finished", extra=fields)
+            outcome = self._time(plan, what, started_at)
+            if self._stopping.is_set() and outcome.result is not SweepResult.SUCCESS:
+                # Cut short by the stop: not a failure, and logged in the same words whatever the worker said.
+                log.info(f"{what} stopped: the service is stopping", extra={"duration_s": round(outcome.duration_s, 3)})
             else:
-                self._store.record(outcome)
-                if outcome.result is SweepResult.SUCCESS:
-                    log.info("sweep finished", extra=fields)
-                else:
-                    log.error("sweep failed", extra={**fields, "reason": outcome.reason})
+                self._record(outcome, retry=retry)
         except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
             log.exception(f"{what} crashed")
             reason = f"internal error: {type(exc).__name__}: {exc}"
@@ -178,6 +191,29 @@ class Service:
             self._schedule_retry()
         except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
             log.exception("could not schedule a retry of busy GPUs")
+
+    def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
+        bench = self._settings.benchmark
+        log.info(f"{what} started", extra={"backend": bench.backend, "devices": plan.devices or "auto"})
+        problem = temp_dir_problem()
+        if problem is not None:  # the worker's frameworks need one: say so, not a traceback per sweep
+            return SweepOutcome(
+                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=problem
+            )
+        return run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
+
+    def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
+        self._give_up_on_fatal(outcome)
+        fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
+        if retry:
+            fields["result"] = self._store.record_retry(outcome).value
+            log.info("retry finished", extra=fields)
+            return
+        self._store.record(outcome)
+        if outcome.result is SweepResult.SUCCESS:
+            log.info("sweep finished", extra=fields)
+        else:
+            log.error("sweep failed", extra={**fields, "reason": outcome.reason})
 
     def _schedule_retry(self) -> None:
         """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""

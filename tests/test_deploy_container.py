@@ -368,3 +368,13 @@ def test_compose_grafana_reaches_prometheus_at_the_provisioned_url() -> None:
         assert host in services
     assert port == 9090  # Prometheus' default --web.listen-address, which compose.yaml leaves alone
     assert not any(arg.startswith("--web.listen-address") for arg in services["prometheus"]["command"])
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_user_and_its_group_have_the_ids_user_names(dockerfile: Path) -> None:
+    """USER uid:gid names a user and a group the image creates with exactly those ids (a GID with no group was 999)."""
+    final = final_stage(dockerfile)
+    uid, gid = one(final, "USER").split(":")
+    runs = " ".join(rest for word, rest in final if word == "RUN")
+    assert re.search(rf"groupadd\b[^&;]*--gid {gid}\b", runs), runs
+    assert re.search(rf"useradd\b[^&;]*--uid {uid}\b[^&;]*--gid {gid}\b", runs), runs

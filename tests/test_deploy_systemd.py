@@ -135,26 +135,31 @@ def test_service_notifies_systemd_and_is_watched(unit: dict[str, list[str]]) -> 
 
 
 def test_configuration_error_is_not_restarted_in_a_loop(unit: dict[str, list[str]]) -> None:
-    """Exit code 78 (bad configuration) prevents a restart, and a start rate limit stops any other loop."""
+    """Exit code 78 (bad configuration) prevents a restart; no ExecStartPre= escapes that rule (systemd #11868)."""
     assert unit["Service.Restart"] == ["on-failure"]
     prevented = " ".join(unit["Service.RestartPreventExitStatus"]).split()
     assert str(EXIT_CONFIG) in prevented
-    # A failing ExecStartPre= is not covered by RestartPreventExitStatus=: the rate limit must be.
-    assert int(unit["Unit.StartLimitBurst"][-1]) > 0
-    assert seconds(unit["Unit.StartLimitIntervalSec"][-1]) > 0
+    assert "Service.ExecStartPre" not in unit
 
 
-def test_configuration_is_checked_before_the_service_starts(unit: dict[str, list[str]]) -> None:
-    """ExecStartPre= runs check-config on exactly the file ExecStart= runs with, as the CLI parses them."""
-    (pre,) = unit["Service.ExecStartPre"]
+def test_manual_starts_never_use_up_the_watchdog_restarts(unit: dict[str, list[str]]) -> None:
+    """No start rate limit: systemd counts manual starts against it, which once left a watchdog kill unrestarted."""
+    assert seconds(unit["Unit.StartLimitIntervalSec"][-1]) == 0
+    assert seconds(unit["Service.RestartSec"][-1]) > 0  # crashes are paced instead
+
+
+def test_the_service_runs_the_installed_configuration(unit: dict[str, list[str]]) -> None:
+    """ExecStart= runs the installed binary on the installed configuration, as the CLI parses it."""
     (start,) = unit["Service.ExecStart"]
-    pre_binary, *pre_args = shlex.split(pre)
-    start_binary, *start_args = shlex.split(start)
-    assert pre_binary == start_binary == INSTALLED_BINARY
-    check = _parser().parse_args(pre_args)  # the service's own parser: exits on a bad command line
-    run = _parser().parse_args(start_args)
-    assert (check.command, run.command) == ("check-config", "run")
-    assert check.file == run.config == CONFIG
+    binary, *args = shlex.split(start)
+    assert binary == INSTALLED_BINARY
+    run = _parser().parse_args(args)  # the service's own parser: exits on a bad command line
+    assert (run.command, run.config) == ("run", CONFIG)
+
+
+def test_stop_goes_to_the_main_process_first(unit: dict[str, list[str]]) -> None:
+    """KillMode=mixed: SIGTERM to the service, which stops its worker itself; SIGKILL to the rest only later."""
+    assert unit["Service.KillMode"] == ["mixed"]
 
 
 def test_stop_timeout_outlasts_the_sweep_kill_path(unit: dict[str, list[str]]) -> None:

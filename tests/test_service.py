@@ -210,6 +210,10 @@ def test_sigterm_mid_sweep_exits_zero_within_ten_seconds(start: StartService) ->
     for pid in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    # A normal stop is one INFO line in the same words every time, not an error with the worker's stderr.
+    logs = service.logs()
+    assert "sweep stopped: the service is stopping" in logs
+    assert "ERROR" not in logs, logs
 
 
 def test_taken_port_fails_start_with_exit_3(start: StartService) -> None:
