@@ -24,7 +24,7 @@ from monitor.errors import (
 from monitor.logs import configure
 from monitor.model import SweepResult
 from monitor.protocol import Plan
-from monitor.report import render_json, render_table
+from monitor.report import Progress, render_json, render_table
 from monitor.settings import Settings
 
 log = logging.getLogger("monitor")
@@ -84,9 +84,14 @@ def _once(settings: Settings, as_json: bool) -> int:
     bench = settings.benchmark
     cancel = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: cancel.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    plan = Plan.from_settings(bench, settings.guard)
+    # Progress only for a person at a terminal: nothing extra when stderr is piped or with --json.
+    progress = Progress(plan, sys.stderr) if sys.stderr.isatty() and not as_json else None
     try:
-        outcome = run_sweep(Plan.from_settings(bench, settings.guard), timeout_s=bench.timeout_s, cancel=cancel)
+        outcome = run_sweep(plan, timeout_s=bench.timeout_s, cancel=cancel, on_message=progress)
     finally:
+        if progress is not None:
+            progress.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if cancel.is_set():

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, Mode, Withheld
+from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, Mode, PointKey, Role, Withheld
 from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
 
 
@@ -84,6 +84,14 @@ class Environment:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The worker begins timing a point (for progress on a terminal; nothing is recorded from it)."""
+
+    key: PointKey
+    role: Role
+
+
+@dataclass(frozen=True)
 class Done:
     pass
 
@@ -93,13 +101,14 @@ class Fatal:
     reason: str
 
 
-Message = Environment | DeviceInfo | Measurement | DeviceFailure | Withheld | HardwareContext | Done | Fatal
+Message = Environment | DeviceInfo | Started | Measurement | DeviceFailure | Withheld | HardwareContext | Done | Fatal
 
 
 # The wire name of each message type: one JSON object per line, its fields as to_data writes them.
 _TAGS: dict[str, type[Message]] = {
     "environment": Environment,
     "device": DeviceInfo,
+    "started": Started,
     "measurement": Measurement,
     "failure": DeviceFailure,
     "withheld": Withheld,

@@ -1,11 +1,13 @@
-"""Human and JSON renderings of one sweep, for ``crossover-monitor once``."""
+"""Human and JSON renderings of one sweep, and its progress on a terminal, for ``crossover-monitor once``."""
 
 from __future__ import annotations
 
 import json
+from typing import TextIO
 
 from monitor.codec import to_data
-from monitor.model import Crossover, CrossoverState, HardwareContext, SweepOutcome, curves
+from monitor.model import Crossover, CrossoverState, DeviceInfo, HardwareContext, Measurement, SweepOutcome, curves
+from monitor.protocol import Message, Plan, Started
 
 
 def _format_seconds(seconds: float) -> str:
@@ -128,3 +130,35 @@ def render_json(outcome: SweepOutcome) -> str:
         for m, raw in zip(outcome.snapshot.measurements, body["snapshot"]["measurements"], strict=True):
             raw["flops_per_second"] = m.flops_per_second
     return json.dumps(body, indent=2)
+
+
+class Progress:
+    """One line on a terminal saying which point the sweep is timing and how far it has come.
+
+    Fed every message of the sweep; writes to ``stream`` (stderr) and erases its line when closed.
+    Refined points come after the counted ones and are shown as such.
+    """
+
+    def __init__(self, plan: Plan, stream: TextIO) -> None:
+        sizes = len(plan.sizes) + (0 if 1 in plan.sizes else 1)  # the n=1 probe when 1 is not configured
+        self._per_device = sizes * len(plan.dtypes) * len(plan.modes)
+        self._devices = 0
+        self._done = 0
+        self._stream = stream
+
+    def __call__(self, message: Message) -> None:
+        if isinstance(message, DeviceInfo):
+            self._devices += 1
+        elif isinstance(message, Measurement) and message.role != "refine":
+            self._done += 1
+        elif isinstance(message, Started):
+            k = message.key
+            where = "refining" if message.role == "refine" else f"{self._done}/{self._devices * self._per_device}"
+            self._write(f"[{where}] timing {k.device} n={k.size} {k.dtype} {k.mode}")
+
+    def _write(self, text: str) -> None:
+        self._stream.write("\r\x1b[K" + text)  # back to the line's start, erase it, write
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._write("")

@@ -162,8 +162,11 @@ class _Collected:
     failures: list[DeviceFailure] = field(default_factory=list)
     withheld: list[Withheld] = field(default_factory=list)
     hardware: list[HardwareContext] = field(default_factory=list)
+    watch: Callable[[Message], None] | None = None  # sees every message as it comes (progress on a terminal)
 
     def add(self, message: Message) -> None:
+        if self.watch is not None:
+            self.watch(message)
         if isinstance(message, Environment):
             self.environment.update(message.values)
         elif isinstance(message, DeviceInfo):
@@ -245,10 +248,11 @@ def run_sweep(
     launch: Launcher = launch_subprocess,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
+    on_message: Callable[[Message], None] | None = None,
 ) -> SweepOutcome:
     """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults."""
     started = clock()
-    collected = _Collected()
+    collected = _Collected(watch=on_message)
     if cancel.is_set():  # the service began stopping before this sweep could start its worker
         return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=clock(), reason="cancelled")
     worker = launch(plan)

@@ -30,7 +30,7 @@ from monitor.model import (
     WithheldReason,
     canonical_device,
 )
-from monitor.protocol import Environment, Message, Plan
+from monitor.protocol import Environment, Message, Plan, Started
 from monitor.settings import GuardSettings
 
 Emit = Callable[[Message], None]
@@ -92,6 +92,7 @@ class _Session:
         if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
             return cached
         key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
+        self.emit(Started(key=key, role=role))
         try:
             timing = self._guarded(device, size, dtype, mode)
         except MeasurementFailed as exc:
