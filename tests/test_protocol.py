@@ -15,7 +15,7 @@ from monitor.model import (
     Withheld,
     WithheldReason,
 )
-from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode, encode
+from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode, encode
 from monitor.settings import BenchmarkSettings, GuardSettings
 
 KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end_to_end", size=512)
@@ -52,6 +52,7 @@ KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end
             other_processes_max=0,
         ),
         HardwareContext(backend="torch", device="cpu", other_cpu_cores=0.25, cpu_throttled_s=0.0),
+        Started(key=KEY, role="refine"),
         Done(),
         Fatal("boom"),
     ],
