@@ -242,11 +242,20 @@ class Service:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
         self._stopping.set()
 
+    def _on_manual_sweep(self, _signum: int, _frame: FrameType | None) -> None:
+        """SIGUSR1: a sweep now (e.g. right after a driver upgrade), counted and recorded like a scheduled one."""
+        if self._worker_lock.locked():
+            log.info("manual sweep refused: a sweep or retry is running")
+            return
+        log.info("manual sweep requested", extra={"signal": "SIGUSR1"})
+        self._scheduler.run_later(self._sweep, 0, name="manual")
+
     def run(self, *, install_signal_handlers: bool = True) -> int:
         previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
+            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_manual_sweep)
         try:
             self._server.start()
             self._scheduler.start()

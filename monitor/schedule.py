@@ -138,13 +138,13 @@ class SweepScheduler:
         )
         self._scheduler.start()
 
-    def run_later(self, job: Callable[[], None], delay_s: float) -> None:
-        """Run ``job`` once, ``delay_s`` from now (replacing one already waiting); e.g. a retry of busy GPUs."""
+    def run_later(self, job: Callable[[], None], delay_s: float, *, name: str = _RETRY_JOB_ID) -> None:
+        """Run ``job`` once, ``delay_s`` from now, replacing one of that name still waiting (a retry, a manual run)."""
         when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay_s)
         self._scheduler.add_job(
             job,
             DateTrigger(run_date=when, timezone=dt.UTC),
-            id=_RETRY_JOB_ID,
+            id=name,
             replace_existing=True,
             max_instances=1,
             misfire_grace_time=None,

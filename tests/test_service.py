@@ -230,3 +230,13 @@ def test_taken_port_fails_start_with_exit_3(start: StartService) -> None:
     assert clash.returncode == 3
     assert "cannot listen" in clash.stderr
     assert "Traceback" not in clash.stderr
+
+
+def test_sigusr1_runs_a_sweep_now_counted_like_a_scheduled_one(start: StartService) -> None:
+    """SIGUSR1 starts a sweep at once (an hour before the schedule's), recorded and counted as a success."""
+    service = start(fake_config())
+    service.wait_for_sweeps("success", 1)
+    service.process.send_signal(signal.SIGUSR1)
+    samples = service.wait_for_sweeps("success", 2, timeout=30)
+    assert samples[("matmul_sweeps_total", frozenset({("result", "skipped")}))] == 0
+    assert "manual sweep requested" in service.logs()
