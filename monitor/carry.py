@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from monitor.model import Crossover, CrossoverState, Snapshot
+from monitor.model import Crossover, CrossoverState, Snapshot, canonical_device
 
 
 def _key(c: Crossover) -> tuple[str, str, str, str, str]:
@@ -57,4 +57,28 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
         failures=new.failures + (tuple(f for f in previous.failures if f.device in carried) if partial else ()),
         withheld=withheld,
         measured_at=tuple(sorted(measured_at.items())),
+    )
+
+
+def trimmed(snapshot: Snapshot, *, sizes: tuple[int, ...], devices: tuple[str, ...] | None) -> Snapshot:
+    """The served snapshot without what a reloaded configuration no longer asks for: those series disappear.
+
+    Sizes no longer configured lose their duration series; with devices listed, unlisted devices lose all
+    of theirs. The rest is served as it was measured until the next sweep replaces it.
+    """
+    wanted = None if devices is None else {canonical_device(d) for d in devices}
+
+    def kept(device: str) -> bool:
+        return wanted is None or canonical_device(device) in wanted or device == "none"
+
+    return replace(
+        snapshot,
+        measurements=tuple(
+            m for m in snapshot.measurements if kept(m.key.device) and (m.role != "sweep" or m.key.size in sizes)
+        ),
+        crossovers=tuple(c for c in snapshot.crossovers if kept(c.gpu) and kept(c.cpu)),
+        costs=tuple(c for c in snapshot.costs if kept(c.device)),
+        hardware=tuple(h for h in snapshot.hardware if kept(h.device)),
+        withheld=tuple(w for w in snapshot.withheld if kept(w.device)),
+        devices=tuple(d for d in snapshot.devices if kept(d.device)),
     )

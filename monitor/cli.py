@@ -71,10 +71,11 @@ def _settings(args: argparse.Namespace) -> Settings:
     return settings
 
 
-def _run(settings: Settings) -> int:
+def _run(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.daemon import Service  # noqa: PLC0415 - only `run` needs the scheduler and server
 
-    service = Service(settings)
+    # SIGHUP rereads what started it: the same file, with the same --listen.
+    service = Service(settings, load=lambda: _settings(args))
     return service.run()
 
 
@@ -131,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{args.file}: configuration is valid")
             return EXIT_OK
         commands = {"once": lambda: _once(settings, args.json), "plot": lambda: _plot(args)}
-        return commands.get(args.command, lambda: _run(settings))()
+        return commands.get(args.command, lambda: _run(settings, args))()
     except ConfigError as exc:
         print(f"crossover-monitor: {exc}", file=sys.stderr)
         return EXIT_CONFIG

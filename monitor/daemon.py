@@ -15,7 +15,8 @@ from pathlib import Path
 from types import FrameType
 
 from monitor import systemd
-from monitor.errors import StartupError
+from monitor.carry import trimmed
+from monitor.errors import ConfigError, StartupError
 from monitor.metrics import build_registry
 from monitor.model import ServiceState, SweepOutcome, SweepResult, WithheldReason
 from monitor.protocol import Plan
@@ -68,10 +69,20 @@ def framework_version(backend: str) -> str:
 class Service:
     """Owns the state, the scheduler and the server; ``run`` blocks until a signal stops it."""
 
-    def __init__(self, settings: Settings, *, launch: Launcher = launch_subprocess) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        launch: Launcher = launch_subprocess,
+        load: Callable[[], Settings] | None = None,
+    ) -> None:
         self._settings = settings
         self._launch = launch
+        # Reads the configuration again for SIGHUP (the CLI's loader: file and flags); None: nothing to reread.
+        self._load = load
+        self._reload_requested = threading.Event()
         self._store = StateStore()
+        self._store.record_config(loaded=True, at=time.time())
         self._stopping = threading.Event()
         self._cancel_sweep = threading.Event()
         self._sweep_idle = threading.Event()
@@ -242,6 +253,38 @@ class Service:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
         self._stopping.set()
 
+    def reload(self) -> bool:
+        """Read the configuration again: a valid one takes effect at once, an invalid one is logged and ignored.
+
+        The schedule, sizes, devices, dtypes, modes and guard change for the next sweep (one in flight
+        finishes on its plan); series the new configuration no longer asks for disappear now. Where
+        the service listens cannot change without a restart.
+        """
+        if self._load is None:
+            log.warning("reload ignored: this service was started without a configuration to reread")
+            return False
+        try:
+            new = self._load()
+        except ConfigError as exc:
+            log.error("reload refused; the running configuration stays", extra={"problems": str(exc)})  # noqa: TRY400 - a user's mistake: the problems, no traceback
+            self._store.record_config(loaded=False, at=time.time())
+            return False
+        if new.server != self._settings.server:
+            log.warning("server.listen changes take effect at the next restart", extra={"listen": new.server.listen})
+            new = dataclasses.replace(new, server=self._settings.server)
+        bench = new.benchmark
+        self._settings = new
+        self._scheduler.reschedule(
+            interval_s=new.schedule.interval_s, cron=new.schedule.cron, jitter_s=new.schedule.jitter_s
+        )
+        self._store.record_config(
+            loaded=True,
+            at=time.time(),
+            keep=lambda snapshot: trimmed(snapshot, sizes=bench.sizes, devices=bench.devices),
+        )
+        log.info("configuration reloaded", extra={"config": new.source})
+        return True
+
     def _on_manual_sweep(self, _signum: int, _frame: FrameType | None) -> None:
         """SIGUSR1: a sweep now (e.g. right after a driver upgrade), counted and recorded like a scheduled one."""
         if self._worker_lock.locked():
@@ -256,6 +299,8 @@ class Service:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
             previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_manual_sweep)
+            # SIGHUP rereads the configuration (on the main loop's next tick, not inside the handler).
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: self._reload_requested.set())
         try:
             self._server.start()
             self._scheduler.start()
@@ -265,6 +310,9 @@ class Service:
             watchdog = systemd.watchdog_interval_s()
             tick = min(_MAIN_LOOP_TICK_S, watchdog) if watchdog else _MAIN_LOOP_TICK_S
             while not self._stopping.wait(tick):
+                if self._reload_requested.is_set():
+                    self._reload_requested.clear()
+                    self.reload()
                 if watchdog and self.healthy()[0]:
                     systemd.notify("WATCHDOG=1")
         finally:

@@ -100,6 +100,12 @@ LAST_SUCCESS = _metric("matmul_sweep_last_success_timestamp_seconds", "When the 
 SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took")
 SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
 NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")
+CONFIG_LOADED = _metric(
+    "matmul_config_last_reload_successful", "1 if the latest configuration (re)load took, 0 if it was refused"
+)
+CONFIG_LOADED_AT = _metric(
+    "matmul_config_last_reload_success_timestamp_seconds", "When the configuration last loaded (start-up or reload)"
+)
 BUILD_INFO = _metric(
     "matmul_monitor_build_info", "crossover-monitor build and framework versions", BUILD_LABELS, "info"
 )
@@ -236,6 +242,8 @@ class StateCollector(Collector):
             (SWEEP_DURATION, state.last_outcome.duration_s if state.last_outcome is not None else None),
             (LAST_SUCCESS, state.last_success_at),
             (NEXT_SWEEP, state.next_sweep_at),
+            (CONFIG_LOADED, None if state.config_loaded is None else float(state.config_loaded)),
+            (CONFIG_LOADED_AT, state.config_loaded_at),
         ):
             if value is not None:
                 gauge = _gauge(name)

@@ -276,6 +276,9 @@ class ServiceState:
     sweeps: tuple[tuple[SweepResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in SweepResult))
     next_sweep_at: float | None = None
     retries: tuple[tuple[RetryResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in RetryResult))
+    # The configuration: whether the latest (re)load took, and when one last did (start-up counts).
+    config_loaded: bool | None = None
+    config_loaded_at: float | None = None
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

@@ -138,6 +138,12 @@ class SweepScheduler:
         )
         self._scheduler.start()
 
+    def reschedule(self, *, interval_s: float | None, cron: str | None, jitter_s: float) -> None:
+        """A new schedule for the sweep job (a reload); a sweep in flight is not touched."""
+        self._trigger = self._build_trigger(interval_s, cron, jitter_s)
+        if self._scheduler.get_job(_JOB_ID) is not None:
+            self._scheduler.reschedule_job(_JOB_ID, trigger=self._trigger)
+
     def run_later(self, job: Callable[[], None], delay_s: float, *, name: str = _RETRY_JOB_ID) -> None:
         """Run ``job`` once, ``delay_s`` from now, replacing one of that name still waiting (a retry, a manual run)."""
         when = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=delay_s)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
 from monitor.carry import merge
-from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult, WithheldReason
+from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult, WithheldReason
 
 
 class StateStore:
@@ -50,6 +51,17 @@ class StateStore:
                 changes["latest"] = merge(state.latest, snapshot, partial=True)
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             return result
+
+    def record_config(self, *, loaded: bool, at: float, keep: Callable[[Snapshot], Snapshot] | None = None) -> None:
+        """A configuration (re)load: whether it took; ``keep`` trims the served snapshot to the new configuration."""
+        with self._lock:
+            state = self._state
+            changes: dict[str, object] = {"config_loaded": loaded}
+            if loaded:
+                changes["config_loaded_at"] = at
+                if keep is not None and state.latest is not None:
+                    changes["latest"] = keep(state.latest)
+            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
     def record_skipped(self) -> None:
         with self._lock:

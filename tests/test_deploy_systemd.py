@@ -185,3 +185,9 @@ def test_service_runs_unprivileged(unit: dict[str, list[str]]) -> None:
     assert unit["Service.CapabilityBoundingSet"] == [""]
     assert unit["Service.NoNewPrivileges"] == ["yes"]
     assert unit["Service.ProtectSystem"] == ["strict"]
+
+
+def test_reload_sends_sighup_to_the_service(unit: dict[str, list[str]]) -> None:
+    """`systemctl reload` rereads the configuration: SIGHUP to the main process."""
+    (reload,) = unit["Service.ExecReload"]
+    assert shlex.split(reload) == ["/bin/kill", "-HUP", "$MAINPID"]

@@ -41,6 +41,8 @@ ADDED_SINCE_RECORDING = {
     metrics.RETRIES + "_total",
     metrics.GPU_CLOCK_EVENT,
     *(name for name, _ in metrics.HARDWARE_GAUGES),
+    metrics.CONFIG_LOADED,  # the reload (issue 10), later still
+    metrics.CONFIG_LOADED_AT,
 }
 
 

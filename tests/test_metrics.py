@@ -188,6 +188,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
         ),
     )
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))
+    store.record_config(loaded=True, at=80)
     body, content_type = render(_registry(store), None)
     assert content_type.startswith("text/plain")
     names = {name for name, _ in parse(body.decode())}
