@@ -45,7 +45,8 @@ class MetricsServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._httpd.shutdown()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran if not started
+            self._httpd.shutdown()
         self._httpd.server_close()
 
 

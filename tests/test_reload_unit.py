@@ -1,0 +1,65 @@
+"""Service.reload in-process: what a valid, an invalid and a listen-changing configuration do to the state."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from monitor.daemon import Service
+from monitor.errors import ConfigError, Problem
+from monitor.settings import BenchmarkSettings, ServerSettings, Settings
+from tests.conftest import free_port
+
+
+def _service(loads: list[object]) -> Service:
+    """A service (not started) whose configuration loader hands out ``loads`` in turn (raising errors)."""
+
+    def load() -> Settings:
+        value = loads.pop(0)
+        if isinstance(value, Exception):
+            raise value
+        assert isinstance(value, Settings)
+        return value
+
+    settings = Settings(server=ServerSettings(host="127.0.0.1", port=free_port()))
+    return Service(settings, load=load)
+
+
+def test_reload_takes_a_valid_configuration_and_refuses_an_invalid_one() -> None:
+    """Valid: applied and counted as loaded. Invalid: refused, the running settings kept, loaded says 0."""
+    current = Settings(server=ServerSettings(host="127.0.0.1", port=free_port()))
+    fewer = dataclasses.replace(current, benchmark=BenchmarkSettings(sizes=(8, 64)))
+    bad = ConfigError("config.yaml", [Problem("benchmark.sizes[0]", "must be a positive integer matrix size")])
+    service = _service([fewer, bad])
+    try:
+        assert service.read_state().config_loaded is True
+        assert service.reload() is True
+        assert service.read_state().config_loaded is True
+        assert service.reload() is False
+        state = service.read_state()
+        assert state.config_loaded is False
+        assert state.config_loaded_at is not None
+        assert service._settings.benchmark.sizes == (8, 64)  # the last good one still runs
+    finally:
+        service.stop()
+
+
+def test_reload_keeps_the_listen_address_until_a_restart() -> None:
+    """A new server.listen is not applied (the socket is bound): the rest of the file is."""
+    moved = Settings(server=ServerSettings(host="127.0.0.1", port=1), benchmark=BenchmarkSettings(sizes=(8,)))
+    service = _service([moved])
+    try:
+        before = service._settings.server
+        assert service.reload() is True
+        assert service._settings.server == before
+        assert service._settings.benchmark.sizes == (8,)
+    finally:
+        service.stop()
+
+
+def test_without_a_loader_reload_is_ignored() -> None:
+    """A service built without a configuration source says so and changes nothing."""
+    service = Service(Settings(server=ServerSettings(host="127.0.0.1", port=free_port())))
+    try:
+        assert service.reload() is False
+    finally:
+        service.stop()
