@@ -25,6 +25,9 @@ _INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The standard library's listen backlog is 5: fifty scrapers at once waited for SYN retransmits (1, 3,
+    # 7, 15 s). The kernel caps this at net.core.somaxconn.
+    request_queue_size = 128
 
 
 class MetricsServer:
@@ -54,6 +57,14 @@ def _handler(registry: Registry, healthy: Probe, ready: Probe) -> type[BaseHTTPR
     class Handler(BaseHTTPRequestHandler):
         server_version = "crossover-monitor"
 
+        def do_HEAD(self) -> None:
+            """What GET would answer, headers only (load balancers and uptime checks ask this way)."""
+            self._head_only = True
+            try:
+                self.do_GET()
+            finally:
+                self._head_only = False  # a kept-alive connection's next GET gets its body
+
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
@@ -77,7 +88,8 @@ def _handler(registry: Registry, healthy: Probe, ready: Probe) -> type[BaseHTTPR
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            if not getattr(self, "_head_only", False):
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
             log.debug("http: %s", format % args)

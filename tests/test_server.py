@@ -38,3 +38,28 @@ def test_a_rendering_error_answers_500_and_the_server_keeps_serving(broken_serve
     status, _, body = http_get(broken_server + "/readyz")
     assert (status, body) == (503, "not yet\n")
     assert http_get(broken_server + "/metrics")[0] == 500
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/"])
+def test_head_answers_like_get_without_a_body(path: str) -> None:
+    """HEAD gets GET's status, type and length (it was 501), and no body."""
+    import http.client  # noqa: PLC0415
+
+    registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
+    server = MetricsServer("127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"))
+    server.start()
+    host, port = server.address
+    try:
+        connection = http.client.HTTPConnection(host, port, timeout=5)
+        connection.request("GET", path)
+        got = connection.getresponse()
+        body = got.read()
+        connection.request("HEAD", path)
+        head = connection.getresponse()
+        assert head.read() == b""
+        assert head.status == got.status
+        assert head.getheader("Content-Type") == got.getheader("Content-Type")
+        assert int(head.getheader("Content-Length") or -1) == len(body) > 0
+        connection.close()
+    finally:
+        server.stop()
