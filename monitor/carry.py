@@ -49,7 +49,6 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
         withheld = tuple(w for w in previous.withheld if w.device not in settled) + new.withheld
     return replace(
         previous if partial else new,
-        started_at=new.started_at if not partial else previous.started_at,
         measurements=new.measurements + tuple(m for m in previous.measurements if m.key.device in carried),
         costs=new.costs + tuple(c for c in previous.costs if c.device in carried),
         hardware=new.hardware + tuple(h for h in previous.hardware if h.device in carried),

@@ -12,17 +12,17 @@ Pure apart from the probes, clock and sleep it is given, so that tests drive it 
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
 from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02
-CPU_RETRY_PAUSE_S = 1.0  # a disturbed CPU point is timed again after this pause (a burst may have passed)
+CPU_RETRY_PAUSE_S = 1.0
+N = TypeVar("N", int, float)  # a disturbed CPU point is timed again after this pause (a burst may have passed)
 
 
 class GuardUnavailable(Exception):
@@ -252,32 +252,27 @@ class Guard:
         return found
 
 
+def _lowest(values: Iterable[N | None]) -> N | None:
+    return min((v for v in values if v is not None), default=None)
+
+
+def _highest(values: Iterable[N | None]) -> N | None:
+    return max((v for v in values if v is not None), default=None)
+
+
 def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
     samples = record.samples
-
-    def lowest(values: Sequence[float | int | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return min(present) if present else None
-
-    def highest(values: Sequence[float | int | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
-
-    generation, width = lowest([s.pcie_generation for s in samples]), lowest([s.pcie_width for s in samples])
-    generation_max, width_max = (
-        highest([s.pcie_generation_max for s in samples]),
-        highest([s.pcie_width_max for s in samples]),
-    )
-    return dataclasses.replace(
-        HardwareContext(backend=device.backend, device=device.device),
-        sm_clock_min_hz=lowest([s.sm_clock_hz for s in samples]),
-        sm_clock_max_hz=highest([s.sm_clock_max_hz for s in samples]),
+    return HardwareContext(
+        backend=device.backend,
+        device=device.device,
+        sm_clock_min_hz=_lowest(s.sm_clock_hz for s in samples),
+        sm_clock_max_hz=_highest(s.sm_clock_max_hz for s in samples),
         clock_events=tuple(sorted({reason for s in samples for reason in s.clock_events})),
-        temperature_max_c=highest([s.temperature_c for s in samples]),
-        power_max_w=highest([s.power_w for s in samples]),
-        pcie_generation_min=int(generation) if generation is not None else None,
-        pcie_width_min=int(width) if width is not None else None,
-        pcie_generation_max=int(generation_max) if generation_max is not None else None,
-        pcie_width_max=int(width_max) if width_max is not None else None,
+        temperature_max_c=_highest(s.temperature_c for s in samples),
+        power_max_w=_highest(s.power_w for s in samples),
+        pcie_generation_min=_lowest(s.pcie_generation for s in samples),
+        pcie_width_min=_lowest(s.pcie_width for s in samples),
+        pcie_generation_max=_highest(s.pcie_generation_max for s in samples),
+        pcie_width_max=_highest(s.pcie_width_max for s in samples),
         other_processes_max=record.others_max,
     )

@@ -153,7 +153,8 @@ class NvmlProbe:
         memory: dict[int, int | None] = {}
         for p in processes:
             used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None  # None under some drivers
-            memory[p.pid] = (memory.get(p.pid) or 0) + used if used is not None else memory.get(p.pid)
+            known = memory.get(p.pid)  # a pid listed as compute and graphics process: both its memories
+            memory[p.pid] = used if known is None else known + (used or 0)
         per_process = self._process_utilization(handle, memory)
 
         def read(call: Callable[..., Any], *args: Any) -> Any:
