@@ -18,7 +18,7 @@ from monitor import systemd
 from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
 from monitor.metrics import build_registry
-from monitor.model import ServiceState, SweepOutcome, SweepResult, WithheldReason
+from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResult
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 from monitor.server import MetricsServer
@@ -32,8 +32,6 @@ _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("tor
 # A sweep still running this long after its deadline means its kill path is stuck.
 _STUCK_AFTER_DEADLINE_S = 30.0
 _MAIN_LOOP_TICK_S = 1.0
-# GPUs withheld for these reasons are tried again before the next sweep (unguarded ones cannot be).
-_RETRIED = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED})
 # A due sweep that has not started this long after its time means the scheduler thread is gone.
 _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
@@ -147,7 +145,7 @@ class Service:
         latest = self._store.read().latest
         kinds = {d.device: d.kind for d in latest.devices} if latest else {}
         busy = (
-            sorted(w.device for w in latest.withheld if w.reason in _RETRIED and kinds.get(w.device) == "gpu")
+            sorted(w.device for w in latest.withheld if w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu")
             if latest
             else []
         )
@@ -232,7 +230,7 @@ class Service:
         latest = self._store.read().latest
         if interval <= 0 or latest is None or self._stopping.is_set():
             return
-        if not any(w.reason in _RETRIED for w in latest.withheld):
+        if not any(w.reason in RETRIED_REASONS for w in latest.withheld):
             return
         due = self._scheduler.next_run_at()
         if due is not None and due - time.time() <= interval:

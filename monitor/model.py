@@ -189,6 +189,10 @@ class DeviceFailure:
     fatal: bool = False  # retrying next sweep cannot help (e.g. the device does not exist)
 
 
+# GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
+RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Withheld:
     """A device whose timings of one sweep were withheld because other work was (or may have been) on it."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from monitor.carry import merge
-from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult, WithheldReason
+from monitor.model import RETRIED_REASONS, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
 
 
 class StateStore:
@@ -21,8 +22,7 @@ class StateStore:
         return self._state  # a reference read is atomic; the object itself never changes
 
     def _counted(self, state: ServiceState, result: SweepResult) -> ServiceState:
-        sweeps = tuple((r, n + 1 if r is result else n) for r, n in state.sweeps)
-        return dataclasses.replace(state, sweeps=sweeps)
+        return dataclasses.replace(state, sweeps=_bumped(state.sweeps, result))
 
     def record(self, outcome: SweepOutcome) -> None:
         """A finished sweep: its snapshot (if the worker completed) replaces the served one."""
@@ -42,11 +42,11 @@ class StateStore:
             snapshot = outcome.snapshot
             if snapshot is None or outcome.result is not SweepResult.SUCCESS:
                 result = RetryResult.FAILED
-            elif any(w.reason in (WithheldReason.GPU_BUSY, WithheldReason.YIELDED) for w in snapshot.withheld):
+            elif any(w.reason in RETRIED_REASONS for w in snapshot.withheld):
                 result = RetryResult.BUSY
             else:
                 result = RetryResult.MEASURED
-            changes: dict[str, object] = {"retries": tuple((r, n + 1 if r is result else n) for r, n in state.retries)}
+            changes: dict[str, object] = {"retries": _bumped(state.retries, result)}
             if snapshot is not None and state.latest is not None:
                 changes["latest"] = merge(state.latest, snapshot, partial=True)
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
@@ -66,3 +66,11 @@ class StateStore:
     def record_skipped(self) -> None:
         with self._lock:
             self._state = self._counted(self._state, SweepResult.SKIPPED)
+
+
+K = TypeVar("K")
+
+
+def _bumped(counts: tuple[tuple[K, int], ...], key: K) -> tuple[tuple[K, int], ...]:
+    """The counts with one more for ``key``."""
+    return tuple((k, n + 1 if k is key else n) for k, n in counts)
