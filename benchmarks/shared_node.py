@@ -125,10 +125,11 @@ def sweep(
     return result
 
 
-def bracket(reference: dict[str, dict[int, float]], mode: str) -> tuple[str, int | None, int | None]:
+def bracket(reference: dict[str, dict[int, float]], mode: str) -> tuple[str, float | None, int | None, int | None]:
+    """The peer's own crossover: state, n* interpolated as the service does, and its bracket."""
     cpu, gpu = reference[f"cpu {mode}"], reference[f"gpu {mode}"]
-    state, _, lower, upper = find_crossover([(n, cpu[n], gpu[n]) for n in sorted(cpu)])
-    return state.value, lower, upper
+    state, size, lower, upper = find_crossover([(n, cpu[n], gpu[n]) for n in sorted(cpu)])
+    return state.value, None if size is None else round(size, 1), lower, upper
 
 
 def ratios(service: dict[str, Any], reference: dict[str, dict[int, float]], gpu: str) -> dict[str, dict[int, float]]:
