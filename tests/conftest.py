@@ -12,6 +12,9 @@ from monitor.model import Mode
 from monitor.protocol import Plan
 from monitor.settings import TimingSettings
 
+# The real-deploy fixtures (an image built with podman, machines booted with systemd-nspawn).
+pytest_plugins = ("tests.realdeploy",)
+
 REPO = Path(__file__).resolve().parent.parent
 QUICK_TIMING = TimingSettings(
     warmup_calls=1, block_s=0.002, min_blocks=3, max_blocks=10, target_spread=0.2, size_budget_s=0.2

@@ -1,0 +1,316 @@
+"""The deploy artefacts run for real: the CPU image built and run with podman, the unit booted under systemd.
+
+No registry and no Docker daemon are reachable on the CI machine, so everything starts from Debian:
+
+1. a Debian bookworm tree from ``debootstrap`` with systemd, dbus and python3 (cached between runs);
+2. that tree imported into podman as the image's base (``--build-arg BASE=``; the public base is
+   ``python:3.11-slim-bookworm``, the same Debian release and Python minor version);
+3. ``deploy/container/Dockerfile`` built unchanged from it, offline, pip reading a wheelhouse that pip
+   downloaded beside the test environment (``--network none``: nothing else reaches the build);
+4. the image run by podman as the container tests' subject, and its tree -- the base's systemd, the
+   project's virtual environment at the path the unit expects -- booted with ``systemd-nspawn`` for
+   the unit's tests, with ``deploy/systemd/crossover-monitor.service`` copied in.
+
+One build serves both. Root and the tools are needed: ``./scripts/test`` installs them with apt when
+run as root. Without them the tests skip and say so; with ``CROSSOVER_MONITOR_DEPLOY_TESTS=required``
+(set by ``.ci/run``) they fail instead, so CI cannot pass without running them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+CACHE = REPO / ".cache" / "deploy"
+ROOTFS = CACHE / "rootfs-bookworm"
+WHEELS = CACHE / "wheels"
+# Podman's run state must not outlive a reboot (stale locks), so it lives on /run's tmpfs, one per checkout.
+PODMAN_RUNROOT = Path("/run/crossover-monitor-tests") / hashlib.sha256(bytes(CACHE)).hexdigest()[:12]
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# procps: the unit's ExecReload= runs /bin/kill, as on any standard Debian install (minbase lacks it).
+ROOTFS_PACKAGES = ("systemd", "dbus", "procps", "python3", "python3-venv", "python-is-python3")
+BASE_IMAGE = "localhost/crossover-monitor-test-base:bookworm"
+IMAGE = "localhost/crossover-monitor:test"
+TOOLS = {
+    "debootstrap": "debootstrap",
+    "podman": "podman",
+    "runc": "runc",
+    "iptables": "iptables",  # netavark publishes ports through it
+    "systemd-nspawn": "systemd-container",
+}
+REQUIRED_ENV = "CROSSOVER_MONITOR_DEPLOY_TESTS"
+UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
+EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
+UNIT_NAME = UNIT.name
+# A shell test for a sweep's worker process (slim trees have no pgrep).
+WORKER_RUNNING = "grep -qs monitor.bench.worker /proc/[0-9]*/cmdline"
+
+
+def unavailable() -> str | None:
+    """Why the real-deploy tests cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root: podman and systemd-nspawn run as root here; run ./scripts/test as root"
+    missing = [f"{tool} (Debian package {package})" for tool, package in TOOLS.items() if not shutil.which(tool)]
+    if missing:
+        return f"missing {', '.join(missing)}: ./scripts/test installs them with apt when run as root"
+    return None
+
+
+def require_tools() -> None:
+    reason = unavailable()
+    if reason is None:
+        return
+    if os.environ.get(REQUIRED_ENV) == "required":
+        pytest.fail(f"real-deploy tests required ({REQUIRED_ENV}=required) but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def run(
+    args: list[str], *, timeout: float = 120, check: bool = True, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False, input=input_text)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def podman_command(*args: str) -> list[str]:
+    """podman with this suite's own store: runc (crun refuses the host's hybrid cgroups), overlay storage
+    (vfs would copy the 2.4 GB image per container), cgroupfs and file events (no systemd on the host)."""
+    store = [
+        "--runtime=runc",
+        "--storage-driver=overlay",
+        f"--root={CACHE / 'podman'}",
+        f"--runroot={PODMAN_RUNROOT}",
+        "--cgroup-manager=cgroupfs",
+        "--events-backend=file",
+    ]
+    return ["podman", *store, *args]
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(podman_command(*args), timeout=timeout, check=check)
+
+
+def debian_tree() -> Path:
+    """A Debian bookworm tree with systemd and python3, made once and kept under .cache/deploy."""
+    stamp = ROOTFS / ".crossover-monitor-packages"
+    if stamp.is_file() and stamp.read_text() == ",".join(ROOTFS_PACKAGES):
+        return ROOTFS
+    shutil.rmtree(ROOTFS, ignore_errors=True)
+    ROOTFS.parent.mkdir(parents=True, exist_ok=True)
+    run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(ROOTFS_PACKAGES)}",
+            "bookworm",
+            str(ROOTFS),
+            DEBIAN_MIRROR,
+        ],
+        timeout=900,
+    )
+    stamp.write_text(",".join(ROOTFS_PACKAGES))
+    return ROOTFS
+
+
+def base_image() -> str:
+    tree = debian_tree()
+    digest = hashlib.sha256((tree / ".crossover-monitor-packages").read_bytes()).hexdigest()[:12]
+    tag = f"{BASE_IMAGE}-{digest}"
+    if podman("image", "exists", tag, check=False).returncode != 0:
+        tar = subprocess.Popen(
+            ["tar", "-C", str(tree), "--exclude=./.crossover-monitor-packages", "-c", "."], stdout=subprocess.PIPE
+        )
+        imported = subprocess.run(
+            podman_command("import", "--change", 'CMD ["/bin/bash"]', "-", tag),
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        tar.wait()
+        assert tar.returncode == 0, f"tar of {tree} failed"
+        assert imported.returncode == 0, f"podman import failed: {imported.stderr}"
+    return tag
+
+
+def wheelhouse() -> Path:
+    """Every wheel the image installs (the project's dependencies and its build backend), from pip's cache."""
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    run([sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEELS), str(REPO), "setuptools>=68"], timeout=900)
+    return WHEELS
+
+
+def build_image() -> str:
+    """deploy/container/Dockerfile built on the Debian base, offline; podman's layer cache skips what is unchanged."""
+    base = base_image()
+    wheels = wheelhouse()
+    pip_conf = CACHE / "pip.conf"
+    pip_conf.write_text("[global]\nno-index = true\nfind-links = /wheels\n")
+    podman(
+        "build",
+        "--format=docker",  # the OCI format has no HEALTHCHECK; podman would drop it
+        "--network=none",
+        f"--volume={wheels}:/wheels:ro",
+        f"--volume={pip_conf}:/etc/pip.conf:ro",
+        f"--build-arg=BASE={base}",
+        "--file",
+        str(REPO / "deploy" / "container" / "Dockerfile"),
+        "--tag",
+        IMAGE,
+        str(REPO),
+        timeout=900,
+    )
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def cpu_image() -> str:
+    require_tools()
+    return build_image()
+
+
+@pytest.fixture(scope="session")
+def image_tree(cpu_image: str) -> Iterator[Path]:
+    """The image's file tree, mounted read-only for nspawn (each machine writes to its own memory overlay)."""
+    mounted = Path(podman("image", "mount", cpu_image).stdout.strip())
+    yield mounted
+    podman("image", "unmount", cpu_image, check=False)
+
+
+def config_text(port: int, **changes: object) -> str:
+    """deploy/config.example.yaml, listening on 127.0.0.1:port, with ``section.key`` changes."""
+    config = yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+    config["server"]["listen"] = f"127.0.0.1:{port}"
+    for dotted, value in changes.items():
+        section, key = dotted.split(".", 1)
+        config[section][key] = value
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+class Machine:
+    """A Debian system booted by systemd-nspawn from the image's tree; its writes go to memory.
+
+    It shares the host's network (the tests scrape it on 127.0.0.1). Commands run inside through
+    nsenter into its PID 1: no machined here (hence --register=no), so no machinectl.
+    """
+
+    def __init__(self, tree: Path, name: str) -> None:
+        self.tree, self.name = tree, name
+        self.console = CACHE / f"{name}.console"
+        self.leader = 0
+        self._nspawn: subprocess.Popen[bytes] | None = None
+
+    def boot(self) -> None:
+        # cgroup v2 inside, so DevicePolicy= is enforced (v1 ignores it here); that needs seccomp off and
+        # BPF/perfmon capabilities for systemd's device programs.
+        env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "SYSTEMD_SECCOMP": "0"}
+        with self.console.open("wb") as console:
+            self._nspawn = subprocess.Popen(
+                [
+                    "systemd-nspawn",
+                    "--quiet",
+                    "--register=no",
+                    "--keep-unit",
+                    "--console=read-only",  # passive blocked PID 1 once the console filled
+                    "--volatile=overlay",
+                    "--capability=CAP_BPF,CAP_PERFMON",
+                    f"--machine={self.name}",
+                    f"--directory={self.tree}",
+                    "--boot",
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        deadline = time.monotonic() + 60
+        while not self.leader:
+            assert self._nspawn.poll() is None, f"systemd-nspawn exited: {self.console.read_text(errors='replace')}"
+            assert time.monotonic() < deadline, "no PID 1 in the container after 60 s"
+            self.leader = self._find_leader(self._nspawn.pid) or 0
+            time.sleep(0.1)
+        # The boot is done when systemd says so (running, or degraded for a unit the container lacks).
+        self.sh("systemctl is-system-running --wait >/dev/null || true", timeout=90)
+
+    @staticmethod
+    def _find_leader(parent: int) -> int | None:
+        """The descendant of ``parent`` that is PID 1 of its own PID namespace."""
+        pending = [parent]
+        while pending:
+            pid = pending.pop()
+            with contextlib.suppress(OSError):
+                status = dict(
+                    line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+                )
+                if status.get("NSpid", "").split()[-1:] == ["1"] and pid != parent:
+                    return pid
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    pending.extend(int(child) for child in (task / "children").read_text().split())
+        return None
+
+    def run(
+        self, *args: str, timeout: float = 60, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return run(
+            ["nsenter", f"--target={self.leader}", "--all", *args], timeout=timeout, check=check, input_text=input_text
+        )
+
+    def sh(self, script: str, *, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run("sh", "-c", script, timeout=timeout, check=check)
+
+    def write(self, path: str, text: str) -> None:
+        self.run("sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "write", path, input_text=text)
+
+    def install_unit(self, config: str, dropin: str | None = None) -> None:
+        self.write(f"/etc/systemd/system/{UNIT_NAME}", UNIT.read_text(encoding="utf-8"))
+        self.write("/etc/crossover-monitor/config.yaml", config)
+        if dropin is not None:
+            self.write(f"/etc/systemd/system/{UNIT_NAME}.d/test.conf", dropin)
+        self.run("systemctl", "daemon-reload")
+
+    def show(self, *properties: str) -> dict[str, str]:
+        shown = self.run("systemctl", "show", f"--property={','.join(properties)}", UNIT_NAME).stdout
+        return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+    def journal(self) -> str:
+        """The unit's journal: the service's own lines and systemd's about the unit."""
+        return self.run("journalctl", "--unit", UNIT_NAME, "--output=short-iso", "--no-pager").stdout
+
+    def poweroff(self) -> None:
+        if self._nspawn is None:
+            return
+        if self._nspawn.poll() is None and self.leader:
+            run(["nsenter", f"--target={self.leader}", "--all", "systemctl", "poweroff", "--no-block"], check=False)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._nspawn.wait(timeout=30)
+        if self._nspawn.poll() is None:  # killing PID 1 of the namespace takes every process in it along
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.leader, 9)
+            self._nspawn.kill()
+            self._nspawn.wait(timeout=30)
+
+
+@pytest.fixture
+def machine(image_tree: Path, request: pytest.FixtureRequest) -> Iterator[Machine]:
+    name = "cm-" + hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]
+    booted = Machine(image_tree, name)
+    try:
+        booted.boot()
+        yield booted
+    finally:
+        booted.poweroff()

@@ -1,0 +1,121 @@
+"""deploy/container/Dockerfile built and run with podman: its user, read-only root, healthcheck, stop, /tmp.
+
+tests/realdeploy.py says how the image is built without a registry. The container runs as the
+DaemonSet runs it: read-only root, every capability dropped, no new privileges; podman's default
+tmpfs on /tmp stands in for the DaemonSet's emptyDir.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from monitor.daemon import STOP_WAIT_S
+from tests.conftest import free_port
+from tests.realdeploy import WORKER_RUNNING, podman
+from tests.service import find, http_get, parse, wait_until
+
+pytestmark = pytest.mark.slow
+
+STOP_LINE = "INFO    monitor.daemon: sweep stopped: the service is stopping"
+UID_GID = "10001:10001"
+
+Start = Callable[..., tuple[str, int]]
+
+
+@pytest.fixture
+def start_container(cpu_image: str) -> Iterator[Start]:
+    """Starts the image detached, hardened as the DaemonSet runs it: returns its name and host port."""
+    started: list[str] = []
+
+    def start(*options: str) -> tuple[str, int]:
+        name, port = f"cm-test-{uuid.uuid4().hex[:8]}", free_port()
+        podman(
+            "run",
+            "--detach",
+            f"--name={name}",
+            "--read-only",
+            "--cap-drop=all",
+            "--security-opt=no-new-privileges",
+            # podman's defaults for these cannot be set on this kind of host: explicit, as a unit's LimitNOFILE=.
+            "--ulimit=nofile=4096:4096",
+            "--ulimit=nproc=4096:4096",
+            f"--publish=127.0.0.1:{port}:9437",
+            *options,
+            cpu_image,
+        )
+        started.append(name)
+        return name, port
+
+    yield start
+    for name in started:
+        podman("rm", "--force", "--time=0", name, check=False)
+
+
+def logs(name: str) -> Callable[[], str]:
+    def read() -> str:
+        done = podman("logs", name, check=False)
+        return done.stdout + done.stderr
+
+    return read
+
+
+def test_runs_as_its_own_user_with_a_read_only_root_and_passes_its_healthcheck(start_container: Start) -> None:
+    name, port = start_container()
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_get(f"{base}/healthz")[0] == 200, 60, "/healthz 200", logs=logs(name))
+    ids = podman("exec", name, "sh", "-c", 'echo "$(id -u):$(id -g) $(id -un) $(id -gn)"').stdout.split()
+    assert ids == [UID_GID, "crossover-monitor", "crossover-monitor"], ids  # both with an entry
+    for path in ("/opt/crossover-monitor/probe", "/etc/probe", "/probe"):
+        written = podman("exec", name, "touch", path, check=False)
+        assert written.returncode != 0
+        assert "Read-only file system" in written.stderr, written.stderr
+    capabilities = podman("exec", name, "grep", "^CapEff", "/proc/1/status").stdout.split()
+    assert int(capabilities[1], 16) == 0, capabilities
+    # The image's own HEALTHCHECK, as the engine runs it (podman runs it on demand here: no systemd timers).
+    checked = podman("healthcheck", "run", name, check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert podman("inspect", "--format={{.State.Health.Status}}", name).stdout.strip() == "healthy"
+    # A real TensorFlow sweep with the embedded defaults, then ready.
+    wait_until(lambda: http_get(f"{base}/readyz")[0] == 200, 180, "/readyz 200", logs=logs(name))
+    samples = parse(http_get(f"{base}/metrics")[2])
+    assert find(samples, "matmul_sweeps_total", result="success") == {frozenset({("result", "success")}): 1.0}
+    assert not re.search(r"\b(ERROR|CRITICAL)\b|Traceback", logs(name)())
+
+
+def test_stop_during_a_sweep_is_quick_clean_and_one_info_line(start_container: Start) -> None:
+    name, _ = start_container()
+    wait_until(
+        lambda: podman("exec", name, "sh", "-c", WORKER_RUNNING, check=False).returncode == 0,
+        60,
+        "a sweep's worker",
+        logs=logs(name),
+    )
+    time.sleep(2)  # into the worker's framework import and first points
+    began = time.monotonic()
+    podman("stop", "--time=30", name, timeout=60)
+    took = time.monotonic() - began
+    assert took < STOP_WAIT_S, f"podman stop took {took:.1f} s (bound {STOP_WAIT_S} s)"
+    assert podman("inspect", "--format={{.State.ExitCode}}", name).stdout.strip() == "0"
+    said = logs(name)()
+    assert said.count(STOP_LINE) == 1, said
+    assert not re.search(r"\b(ERROR|CRITICAL)\b|Traceback|status -15", said), said
+
+
+def test_without_a_writable_tmp_readiness_says_why_and_no_sweep_crashes(start_container: Start) -> None:
+    name, port = start_container("--read-only-tmpfs=false")  # a read-only root with nothing mounted at /tmp
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_get(f"{base}/healthz")[0] == 200, 60, "/healthz 200", logs=logs(name))
+    status, _, body = http_get(f"{base}/readyz")
+    assert status == 503
+    assert "no writable temporary directory (/tmp" in body, body
+    assert "TMPDIR" in body, body  # and what to do about it
+    wait_until(lambda: "sweep failed" in logs(name)(), 60, "the first sweep's result", logs=logs(name))
+    said = logs(name)()
+    assert "no writable temporary directory" in said, said
+    assert "Traceback" not in said, said
+    assert "FileNotFoundError" not in said, said
