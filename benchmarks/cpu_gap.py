@@ -15,6 +15,10 @@ alternates variants point by point, so the host's drift hits them alike:
   are longer than the service's: on a VM whose vCPUs are descheduled now and then, a longer block
   takes in more of those pauses, and the median of block means moves up);
 - ``worker``: the real worker process (``python -m monitor.bench.worker``) timing CPU and GPU;
+- ``peer-numpy``: the peer on operands in NumPy's memory (``torch.from_numpy``), as the service's are;
+- ``service-clone``: ``service-discard`` on operands copied into torch's own memory first;
+- ``worker-warm``: ``worker`` with 100 warm-up calls per point instead of 2 (is the short warm-up
+  what leaves end_to_end a few percent slow after the CPU points?);
 
 Each can run with one core kept busy by another process (``--busy-core``). Usage on a GPU machine:
 
@@ -33,10 +37,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-VARIANTS = ("peer", "peer-after-cuda", "service", "service-nocuda", "service-discard", "worker", "service-200ms")
+VARIANTS = (
+    "peer",
+    "peer-after-cuda",
+    "peer-numpy",
+    "service",
+    "service-nocuda",
+    "service-discard",
+    "service-clone",
+    "worker",
+    "worker-warm",
+    "service-200ms",
+)
 
 
-def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool) -> float:
+def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool, numpy_memory: bool = False) -> float:
     import torch  # noqa: PLC0415
     from torch.utils import benchmark  # noqa: PLC0415
 
@@ -45,7 +60,12 @@ def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool) -> f
         for _ in range(20):
             x @ x
         torch.cuda.synchronize()
-    a, b = torch.rand(n, n), torch.rand(n, n)
+    if numpy_memory:
+        from monitor.bench.common import host_operands  # noqa: PLC0415
+
+        a, b = (torch.from_numpy(x) for x in host_operands(n))
+    else:
+        a, b = torch.rand(n, n), torch.rand(n, n)
     if where != "cpu":
         device = torch.device(where)
         if mode == "compute":
@@ -73,7 +93,7 @@ def _service(n: int, mode: str, where: str, threads: int, block_s: float = 0.02)
     return measure(run, TimingSettings(block_s=block_s), time.perf_counter).median_s
 
 
-def _service_discard(n: int, mode: str, where: str, threads: int) -> float:
+def _service_discard(n: int, mode: str, where: str, threads: int, *, clone: bool = False) -> float:
     import torch  # noqa: PLC0415
 
     from monitor.bench.common import host_operands  # noqa: PLC0415
@@ -83,6 +103,8 @@ def _service_discard(n: int, mode: str, where: str, threads: int) -> float:
     torch.set_num_threads(threads)
     device = torch.device(where)
     a_host, b_host = (torch.from_numpy(x) for x in host_operands(n))
+    if clone:
+        a_host, b_host = a_host.clone(), b_host.clone()
     if mode == "compute":
         a, b = a_host.to(device), b_host.to(device)
 
@@ -100,7 +122,7 @@ def _service_discard(n: int, mode: str, where: str, threads: int) -> float:
     return measure(run, TimingSettings(), time.perf_counter).median_s
 
 
-def _worker(n: int, mode: str, where: str, threads: int) -> float:
+def _worker(n: int, mode: str, where: str, threads: int, warmup_calls: int | None = None) -> float:
     plan = {
         "backend": "torch",
         "devices": ["cpu", "cuda:0"],
@@ -115,7 +137,8 @@ def _worker(n: int, mode: str, where: str, threads: int) -> float:
     }
     from monitor.settings import TimingSettings  # noqa: PLC0415
 
-    plan["timing"] = TimingSettings().__dict__
+    timing = TimingSettings() if warmup_calls is None else TimingSettings(warmup_calls=warmup_calls)
+    plan["timing"] = timing.__dict__
     done = subprocess.run(
         [sys.executable, "-m", "monitor.bench.worker"],
         input=json.dumps(plan) + "\n",
@@ -132,15 +155,17 @@ def _worker(n: int, mode: str, where: str, threads: int) -> float:
 
 
 def one(variant: str, n: int, mode: str, where: str, threads: int) -> float:
-    if variant in ("peer", "peer-after-cuda"):
-        return _peer(n, mode, where, threads, after_cuda=variant == "peer-after-cuda")
+    if variant in ("peer", "peer-after-cuda", "peer-numpy"):
+        return _peer(
+            n, mode, where, threads, after_cuda=variant == "peer-after-cuda", numpy_memory=variant == "peer-numpy"
+        )
     if variant in ("service", "service-nocuda"):
         return _service(n, mode, where, threads)
-    if variant == "service-discard":
-        return _service_discard(n, mode, where, threads)
+    if variant in ("service-discard", "service-clone"):
+        return _service_discard(n, mode, where, threads, clone=variant == "service-clone")
     if variant == "service-200ms":
         return _service(n, mode, where, threads, block_s=0.2)
-    return _worker(n, mode, where, threads)
+    return _worker(n, mode, where, threads, warmup_calls=100 if variant == "worker-warm" else None)
 
 
 def spawn(variant: str, n: int, mode: str, where: str, threads: int) -> float:
@@ -202,6 +227,8 @@ def main() -> None:
     parser.add_argument("--phases", default="idle,busy,e2e")
     parser.add_argument("--variants", help="comma-separated variants for the idle phase (default: all)")
     parser.add_argument("--sizes", help="comma-separated sizes for the idle phase (default: 256,512,1024)")
+    parser.add_argument("--e2e-variants", default="peer,service,service-discard,worker")
+    parser.add_argument("--e2e-sizes", default="1024,2048")
     args = parser.parse_args()
     if args.one:
         print(one(args.one, args.n, args.mode, args.where, args.threads))
@@ -241,8 +268,8 @@ def main() -> None:
         save()
     if "e2e" in phases:
         rows += run_matrix(
-            sizes=[1024, 2048],
-            variants=["peer", "service", "service-discard", "worker"],
+            sizes=[int(n) for n in args.e2e_sizes.split(",")],
+            variants=args.e2e_variants.split(","),
             mode="end_to_end",
             where="cuda:0",
             threads=cores,

@@ -67,6 +67,10 @@ def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]
             cases["gpu end_to_end"] = ("torch.matmul(a.to(d), b.to(d)).cpu()", {"a": a, "b": b, "d": device})
         for name, (stmt, globals_) in cases.items():
             timer = benchmark.Timer(stmt=stmt, globals={**globals_, "torch": torch}, num_threads=threads)
+            # Warm-up, as the service's worker has: a process timing one size only read the GPU ~15 us
+            # per call slower at n = 1024 (clocks still ramping), which made the alternate phase's GPU
+            # compute ratios 0.56-0.79 while every idle sweep read 1.00.
+            timer.blocked_autorange(min_run_time=0.2)
             found.setdefault(name, {})[n] = float(timer.blocked_autorange(min_run_time=0.4).median)
     return found
 
