@@ -5,13 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
-import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 
 from monitor import systemd
@@ -19,6 +16,7 @@ from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
 from monitor.metrics import build_registry
 from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResult
+from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
 from monitor.server import MetricsServer
@@ -37,21 +35,6 @@ _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
 # unit's TimeoutStopSec and the pod's terminationGracePeriodSeconds must leave room for it.
 STOP_WAIT_S = KILL_GRACE_S * 2 + 1
-
-
-def temp_dir_problem() -> str | None:
-    """Why no temporary file can be made here (the frameworks in the worker need one), or None."""
-    try:
-        handle, path = tempfile.mkstemp(prefix="crossover-monitor-")
-    except OSError as exc:
-        where = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - naming where it looked, not using it
-        return (
-            f"no writable temporary directory ({where}: {exc.strerror or exc}); mount one there "
-            "(e.g. an emptyDir or tmpfs at /tmp) or point TMPDIR at one"
-        )
-    os.close(handle)
-    Path(path).unlink()
-    return None
 
 
 def framework_version(backend: str) -> str:
@@ -125,7 +108,7 @@ class Service:
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
-        problem = temp_dir_problem()
+        problem = host_problem()
         if problem is not None:
             return False, problem
         state = self._store.read()
@@ -204,8 +187,8 @@ class Service:
     def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
         bench = self._settings.benchmark
         log.info(f"{what} started", extra={"backend": bench.backend, "devices": plan.devices or "auto"})
-        problem = temp_dir_problem()
-        if problem is not None:  # the worker's frameworks need one: say so, not a traceback per sweep
+        problem = host_problem()
+        if problem is not None:  # say so, not a traceback (or slow timings) per sweep
             return SweepOutcome(
                 result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=problem
             )

@@ -130,21 +130,31 @@ def base_image() -> str:
     tree = debian_tree()
     digest = hashlib.sha256((tree / ".crossover-monitor-packages").read_bytes()).hexdigest()[:12]
     tag = f"{BASE_IMAGE}-{digest}"
-    if podman("image", "exists", tag, check=False).returncode != 0:
+    exists = podman("image", "exists", tag, check=False)
+    if exists.returncode not in (0, 1):  # 1: no such image; anything else is podman failing
+        raise AssertionError(
+            f"podman image exists failed ({exists.returncode}): {exists.stderr.strip()}; if the store was made "
+            f"by another checkout or podman version, remove {CACHE / 'podman'}"
+        )
+    if exists.returncode == 1:
         tar = subprocess.Popen(
             ["tar", "-C", str(tree), "--exclude=./.crossover-monitor-packages", "-c", "."], stdout=subprocess.PIPE
         )
-        imported = subprocess.run(
-            podman_command("import", "--change", 'CMD ["/bin/bash"]', "-", tag),
-            stdin=tar.stdout,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        tar.wait()
-        assert tar.returncode == 0, f"tar of {tree} failed"
+        assert tar.stdout is not None
+        try:
+            imported = subprocess.run(
+                podman_command("import", "--change", 'CMD ["/bin/bash"]', "-", tag),
+                stdin=tar.stdout,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+        finally:
+            tar.stdout.close()  # podman failing early must not leave tar blocked on a pipe only we hold
+            tar.wait(timeout=60)
         assert imported.returncode == 0, f"podman import failed: {imported.stderr}"
+        assert tar.returncode == 0, f"tar of {tree} failed"
     return tag
 
 

@@ -141,6 +141,22 @@ def test_systemctl_reload_applies_a_valid_config_and_keeps_the_old_one_on_a_bad_
     assert "benchmark.sizes: must not be empty" in machine.journal()
 
 
+def test_memory_deny_write_execute_is_refused_with_its_reason_not_timed_slowly(machine: Machine) -> None:
+    # Under MemoryDenyWriteExecute= TensorFlow ran its CPU products about 4x slower instead of failing:
+    # the service now refuses to time and says why, on /readyz and in the sweep's result.
+    port = free_port()
+    start(machine, config_text(port), "[Service]\nMemoryDenyWriteExecute=yes\n")
+    base = f"http://127.0.0.1:{port}"
+    status, _, body = http_get(f"{base}/readyz")
+    assert status == 503
+    assert "memory cannot be mapped writable and executable" in body, body
+    assert "MemoryDenyWriteExecute=" in body, body
+    wait_until(lambda: "sweep failed" in machine.journal(), 60, "the sweep's result", logs=machine.journal)
+    samples = parse(http_get(f"{base}/metrics")[2])
+    assert find(samples, "matmul_sweeps_total", result="failed") == {frozenset({("result", "failed")}): 1.0}
+    assert not find(samples, "matmul_duration_seconds"), "a timing was published"
+
+
 def test_sandbox_holds(machine: Machine) -> None:
     main_pid = start(machine, config_text(free_port()))
     status = dict(
