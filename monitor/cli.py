@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -24,7 +25,7 @@ from monitor.errors import (
 from monitor.logs import configure
 from monitor.model import SweepResult
 from monitor.protocol import Plan
-from monitor.report import Progress, render_json, render_table
+from monitor.report import Progress, render_history, render_history_json, render_json, render_table
 from monitor.settings import Settings
 
 log = logging.getLogger("monitor")
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("check-config", help="validate a configuration file and exit")
     check.add_argument("file", metavar="FILE")
     commands.add_parser("config-schema", help="print the configuration's JSON Schema (for editors) and exit")
+
+    history = commands.add_parser("history", help="print the recent runs from the run history and exit")
+    history.add_argument("--config", metavar="FILE", help="the service's configuration (for history.directory)")
+    history.add_argument("--directory", metavar="DIR", type=Path, help="the history's directory (overrides the config)")
+    history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
+    history.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     plot = commands.add_parser("plot", help="chart the latest sweep, time against size (needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
@@ -114,6 +121,28 @@ def _plot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _history(settings: Settings, args: argparse.Namespace) -> int:
+    from monitor.history import HistoryUnavailable, read_recent  # noqa: PLC0415 - only this command reads it
+
+    directory = args.directory or settings.history.resolved_directory(os.environ)
+    if directory is None:
+        print(
+            "crossover-monitor: no history directory: pass --directory, or --config with history.directory set",
+            file=sys.stderr,
+        )
+        return EXIT_CONFIG
+    if args.limit < 1:
+        print(f"crossover-monitor: --limit must be at least 1, got {args.limit}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        runs = read_recent(Path(directory), args.limit)
+    except HistoryUnavailable as exc:
+        print(f"crossover-monitor: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(render_history_json(runs) if args.json else render_history(runs))
+    return EXIT_OK
+
+
 def _config_schema() -> int:
     from monitor.schema import render  # noqa: PLC0415 - only this command needs it
 
@@ -131,7 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "check-config":
             print(f"{args.file}: configuration is valid")
             return EXIT_OK
-        commands = {"once": lambda: _once(settings, args.json), "plot": lambda: _plot(args)}
+        commands = {
+            "once": lambda: _once(settings, args.json),
+            "plot": lambda: _plot(args),
+            "history": lambda: _history(settings, args),
+        }
         return commands.get(args.command, lambda: _run(settings, args))()
     except ConfigError as exc:
         print(f"crossover-monitor: {exc}", file=sys.stderr)

@@ -23,6 +23,7 @@ from monitor.settings import (
     Bad,
     BenchmarkSettings,
     GuardSettings,
+    HistorySettings,
     RefineSettings,
     ScheduleSettings,
     ServerSettings,
@@ -287,6 +288,19 @@ def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
     return ServerSettings(host=parsed[0], port=parsed[1])
 
 
+def _read_history(r: _Reader, data: Mapping[str, Any]) -> HistorySettings:
+    section = r.section(data, "history", "history")
+    r.reject_unknown(section, keys_of(HistorySettings), "history")
+    directory = r.get(section, "directory", "history.directory", None, _directory)
+    return HistorySettings(directory=directory, **_read_keys(r, section, HistorySettings, "history"))
+
+
+def _directory(value: Any) -> str | Bad:
+    if isinstance(value, str) and value.strip():
+        return value
+    return Bad(f"must be a directory path, got {abridged(value)}")
+
+
 def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     """Validate an already-parsed document; raises ConfigError listing every problem."""
     problems: list[Problem] = []
@@ -295,12 +309,13 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     if not isinstance(data, Mapping):
         raise ConfigError(source, [Problem("", f"the top level must be a mapping, got {show(data)}")])
     r = _Reader(problems)
-    r.reject_unknown(data, {"schedule", "benchmark", "guard", "server"}, "")
+    r.reject_unknown(data, {"schedule", "benchmark", "guard", "server", "history"}, "")
     settings = Settings(
         schedule=_read_schedule(r, data),
         benchmark=_read_benchmark(r, data),
         guard=_read_guard(r, data),
         server=_read_server(r, data),
+        history=_read_history(r, data),
         source=source,
     )
     if problems:

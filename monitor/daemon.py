@@ -5,15 +5,18 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from monitor import systemd
 from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
+from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
 from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResult
 from monitor.preflight import host_problem
@@ -47,6 +50,40 @@ def framework_version(backend: str) -> str:
     return ""
 
 
+def open_history(settings: Settings) -> RunHistory | None:
+    """The run history the settings ask for, or None (no directory, or it cannot be opened: logged)."""
+    directory = settings.history.resolved_directory(os.environ)
+    if directory is None:
+        log.info("run history off: set history.directory (systemd's StateDirectory= sets one) to keep runs")
+        return None
+    try:
+        return RunHistory.open(Path(directory), settings.history.keep_runs)
+    except HistoryUnavailable as exc:
+        log.error(f"run history off: {exc}")  # noqa: TRY400 - a machine's state, not a bug: no traceback
+        return None
+
+
+def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:
+    """What was served before the restart, trimmed to the configuration now; None for a first start."""
+    restored = None if history is None else history.restore()
+    if restored is None or history is None:
+        return None
+    state, backend = restored
+    bench = settings.benchmark
+    latest = state.latest
+    if latest is not None and backend != bench.backend:
+        log.info("run history: the served results were timed with another backend; not served again")
+        latest = None
+    elif latest is not None:
+        latest = trimmed(latest, sizes=bench.sizes, devices=bench.devices)
+    ended = "none" if latest is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(latest.finished_at))
+    log.info(
+        "run history: resumed",
+        extra={"history": str(history.path), "sweeps": sum(n for _, n in state.sweeps), "served_sweep_ended": ended},
+    )
+    return dataclasses.replace(state, latest=latest)
+
+
 class Service:
     """Owns the state, the scheduler and the server; ``run`` blocks until a signal stops it."""
 
@@ -62,7 +99,8 @@ class Service:
         # Reads the configuration again for SIGHUP (the CLI's loader: file and flags); None: nothing to reread.
         self._load = load
         self._reload_requested = threading.Event()
-        self._store = StateStore()
+        self._history = open_history(settings)
+        self._store = StateStore(restored_state(self._history, settings))
         self._store.record_config(loaded=True, at=time.time())
         self._stopping = threading.Event()
         self._cancel_sweep = threading.Event()
@@ -75,7 +113,7 @@ class Service:
         schedule = settings.schedule
         self._scheduler = SweepScheduler(
             job=self._sweep,
-            on_skipped=lambda _reason: self._store.record_skipped(),
+            on_skipped=self._skipped,
             interval_s=schedule.interval_s,
             cron=schedule.cron,
             jitter_s=schedule.jitter_s,
@@ -175,6 +213,7 @@ class Service:
                 self._store.record_retry(failed)
             else:
                 self._store.record(failed)
+            self._remember("retry" if retry else "sweep", failed)
         finally:
             self._sweep_started = None
             self._sweep_idle.set()
@@ -183,6 +222,15 @@ class Service:
             self._schedule_retry()
         except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
             log.exception("could not schedule a retry of busy GPUs")
+
+    def _skipped(self, reason: str) -> None:
+        self._store.record_skipped()
+        self._remember("skipped", None, reason)
+
+    def _remember(self, kind: str, outcome: SweepOutcome | None, reason: str = "") -> None:
+        """The run and what is served now, into the history (when there is one)."""
+        if self._history is not None:
+            self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
 
     def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
         bench = self._settings.benchmark
@@ -199,9 +247,11 @@ class Service:
         fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         if retry:
             fields["result"] = self._store.record_retry(outcome).value
+            self._remember("retry", outcome)
             log.info("retry finished", extra=fields)
             return
         self._store.record(outcome)
+        self._remember("sweep", outcome)
         if outcome.result is SweepResult.SUCCESS:
             log.info("sweep finished", extra=fields)
         else:
@@ -311,4 +361,6 @@ class Service:
         if not self._sweep_idle.wait(STOP_WAIT_S):
             log.warning("a sweep did not stop in time; its worker is killed when this process exits")
         self._server.stop()
+        if self._history is not None:
+            self._history.close()
         log.info("stopped")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
+from collections.abc import Sequence
 from typing import TextIO
 
 from monitor.codec import to_data
+from monitor.history import Run
 from monitor.model import Crossover, CrossoverState, DeviceInfo, HardwareContext, Measurement, SweepOutcome, curves
 from monitor.protocol import Message, Plan, Started
 
@@ -130,6 +134,32 @@ def render_json(outcome: SweepOutcome) -> str:
         for m, raw in zip(outcome.snapshot.measurements, body["snapshot"]["measurements"], strict=True):
             raw["flops_per_second"] = m.flops_per_second
     return json.dumps(body, indent=2)
+
+
+def render_history(runs: Sequence[Run]) -> str:
+    """The recent runs, newest first: when, how long, what, how it ended, the crossovers, the devices' states."""
+    if not runs:
+        return "no runs recorded yet"
+    lines = [f"{'started (UTC)':<20} {'took':>7}  {'kind':<7} {'result':<8} crossovers; devices"]
+    for run in runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.started_at))
+        crossovers = ", ".join(
+            f"{gpu} {mode} {size:.0f}" if size is not None else f"{gpu} {mode} {state}"
+            for gpu, mode, state, size in run.crossovers
+        )
+        devices = ", ".join(
+            f"{device} {state}" + (f" ({reason})" if reason else "") for device, state, reason in run.devices
+        )
+        took = f"{run.finished_at - run.started_at:.1f}s"
+        details = "; ".join(part for part in (crossovers, devices) if part) or "-"
+        lines.append(f"{started:<20} {took:>7}  {run.kind:<7} {run.result:<8} {details}")
+        if run.reason:
+            lines.append(f"{'':<20} {'':>7}  {run.reason}")
+    return "\n".join(lines)
+
+
+def render_history_json(runs: Sequence[Run]) -> str:
+    return json.dumps([dataclasses.asdict(run) for run in runs], indent=2)
 
 
 class Progress:

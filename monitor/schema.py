@@ -77,6 +77,7 @@ def config_schema() -> dict[str, Any]:
         "schedule": _section(type(settings.schedule)),
         "benchmark": _section(benchmark, nested),
         "guard": _section(type(settings.guard)),
+        "history": _section(type(settings.history)),
         "server": {
             "type": ["object", "null"],
             "additionalProperties": False,

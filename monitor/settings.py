@@ -501,10 +501,45 @@ class ServerSettings:
         return f"{host}:{self.port}"
 
 
+# systemd's StateDirectory= sets this; where it is set and history.directory is not, the history lives there.
+STATE_DIRECTORY_ENV = "STATE_DIRECTORY"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistorySettings:
+    """The run history: every sweep in SQLite, and the served results read back after a restart."""
+
+    directory: str | None = field(
+        default=None,
+        metadata=key(
+            "directory",
+            "special",
+            f"where the history lives; null: ${STATE_DIRECTORY_ENV} (systemd's StateDirectory=), else no history",
+            schema={"type": "string", "minLength": 1},
+        ),
+    )
+    keep_runs: int = field(
+        default=10000,
+        metadata=key("keep_runs", "integer", "runs kept; older ones are deleted", minimum=1, maximum=10_000_000),
+    )
+
+    def __post_init__(self) -> None:
+        _check(self)
+        _require(self.directory is None or bool(self.directory.strip()), "history.directory: must not be empty")
+
+    def resolved_directory(self, environ: Mapping[str, str]) -> str | None:
+        """The directory in use: the configured one, else systemd's state directory, else none."""
+        if self.directory is not None:
+            return self.directory
+        # StateDirectory= may list several, separated by colons; the first is this service's.
+        return (environ.get(STATE_DIRECTORY_ENV) or "").split(":")[0] or None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     schedule: ScheduleSettings = field(default_factory=ScheduleSettings)
     benchmark: BenchmarkSettings = field(default_factory=BenchmarkSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
     source: str = "<defaults>"

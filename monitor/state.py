@@ -14,9 +14,9 @@ from monitor.model import RETRIED_REASONS, RetryResult, ServiceState, Snapshot, 
 class StateStore:
     """Readers get an immutable ServiceState; writers replace it atomically."""
 
-    def __init__(self) -> None:
+    def __init__(self, initial: ServiceState | None = None) -> None:
         self._lock = threading.Lock()
-        self._state = ServiceState()
+        self._state = initial or ServiceState()
 
     def read(self) -> ServiceState:
         return self._state  # a reference read is atomic; the object itself never changes

@@ -43,6 +43,7 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 ROOTFS_PACKAGES = ("systemd", "dbus", "procps", "python3", "python3-venv", "python-is-python3")
 BASE_IMAGE = "localhost/crossover-monitor-test-base:bookworm"
 IMAGE = "localhost/crossover-monitor:test"
+GPU_IMAGE = "localhost/crossover-monitor:gpu-test"
 TOOLS = {
     "debootstrap": "debootstrap",
     "podman": "podman",
@@ -158,17 +159,23 @@ def base_image() -> str:
     return tag
 
 
-def wheelhouse() -> Path:
-    """Every wheel the image installs (the project's dependencies and its build backend), from pip's cache."""
-    WHEELS.mkdir(parents=True, exist_ok=True)
-    run([sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEELS), str(REPO), "setuptools>=68"], timeout=900)
-    return WHEELS
+def wheelhouse(extra: str = "") -> Path:
+    """Every wheel the image installs (the project with ``extra``, its dependencies, its build backend).
+
+    pip downloads them beside the test environment (from its cache after the first time); the build
+    itself reaches no network.
+    """
+    wheels = WHEELS / (extra or "core")
+    wheels.mkdir(parents=True, exist_ok=True)
+    project = f"{REPO}[{extra}]" if extra else str(REPO)
+    run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), project, "setuptools>=68"], timeout=900)
+    return wheels
 
 
-def build_image() -> str:
-    """deploy/container/Dockerfile built on the Debian base, offline; podman's layer cache skips what is unchanged."""
+def build_image(dockerfile: str, tag: str, extra: str = "") -> str:
+    """deploy/container/DOCKERFILE built on the Debian base, offline; podman's layer cache keeps what is unchanged."""
     base = base_image()
-    wheels = wheelhouse()
+    wheels = wheelhouse(extra)
     pip_conf = CACHE / "pip.conf"
     pip_conf.write_text("[global]\nno-index = true\nfind-links = /wheels\n")
     podman(
@@ -179,19 +186,30 @@ def build_image() -> str:
         f"--volume={pip_conf}:/etc/pip.conf:ro",
         f"--build-arg=BASE={base}",
         "--file",
-        str(REPO / "deploy" / "container" / "Dockerfile"),
+        str(REPO / "deploy" / "container" / dockerfile),
         "--tag",
-        IMAGE,
+        tag,
         str(REPO),
-        timeout=900,
+        timeout=1200,
     )
-    return IMAGE
+    return tag
 
 
 @pytest.fixture(scope="session")
 def cpu_image() -> str:
     require_tools()
-    return build_image()
+    return build_image("Dockerfile", IMAGE)
+
+
+@pytest.fixture(scope="session")
+def gpu_image() -> Iterator[str]:
+    """The GPU image (TensorFlow with NVIDIA's CUDA wheels): about 7 GB and 4-5 minutes to build here.
+
+    Removed after its test: the CPU image is what the other tests run.
+    """
+    require_tools()
+    yield build_image("Dockerfile.gpu", GPU_IMAGE, "cuda")
+    podman("rmi", "--force", GPU_IMAGE, check=False)
 
 
 @pytest.fixture(scope="session")

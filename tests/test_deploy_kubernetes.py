@@ -170,7 +170,16 @@ def test_pod_runs_unprivileged_and_read_only(pod: dict[str, Any], container: dic
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"]["drop"] == ["ALL"]
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
-    assert writable == {"/tmp"}
+    assert writable == {"/tmp", "/var/lib/crossover-monitor"}  # scratch, and the run history
+
+
+def test_history_lives_on_a_volume_the_service_is_told_about(pod: dict[str, Any], container: dict[str, Any]) -> None:
+    """STATE_DIRECTORY names the mounted state volume, so a restarted container serves its last results."""
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert env["STATE_DIRECTORY"] in mounts
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mounts[env["STATE_DIRECTORY"]])
+    assert "emptyDir" in volume
 
 
 def test_termination_grace_outlasts_the_sweep_kill_path(pod: dict[str, Any]) -> None:

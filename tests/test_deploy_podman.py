@@ -7,10 +7,12 @@ tmpfs on /tmp stands in for the DaemonSet's emptyDir.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +108,27 @@ def test_stop_during_a_sweep_is_quick_clean_and_one_info_line(start_container: S
     assert not re.search(r"\b(ERROR|CRITICAL)\b|Traceback|status -15", said), said
 
 
+def test_a_killed_container_serves_its_last_results_again_from_its_state_volume(start_container: Start) -> None:
+    volume = f"cm-test-state-{uuid.uuid4().hex[:8]}"
+    state = "/var/lib/crossover-monitor"
+    try:
+        name, port = start_container(f"--volume={volume}:{state}", f"--env=STATE_DIRECTORY={state}")
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_get(f"{base}/readyz")[0] == 200, 180, "the first sweep", logs=logs(name))
+        before = parse(http_get(f"{base}/metrics")[2])
+        podman("kill", "--signal=KILL", name)
+        podman("start", name)
+        wait_until(lambda: http_get(f"{base}/readyz")[0] == 200, 10, "ready after the restart", logs=logs(name))
+        after = parse(http_get(f"{base}/metrics")[2])
+        last_success = "matmul_sweep_last_success_timestamp_seconds"
+        assert find(after, last_success) == find(before, last_success)
+        assert find(after, "matmul_crossover_state") == find(before, "matmul_crossover_state")
+        assert "run history: resumed" in logs(name)()
+    finally:
+        podman("rm", "--force", "--time=0", name, check=False)
+        podman("volume", "rm", "--force", volume, check=False)
+
+
 def test_without_a_writable_tmp_readiness_says_why_and_no_sweep_crashes(start_container: Start) -> None:
     name, port = start_container("--read-only-tmpfs=false")  # a read-only root with nothing mounted at /tmp
     base = f"http://127.0.0.1:{port}"
@@ -119,3 +142,37 @@ def test_without_a_writable_tmp_readiness_says_why_and_no_sweep_crashes(start_co
     assert "no writable temporary directory" in said, said
     assert "Traceback" not in said, said
     assert "FileNotFoundError" not in said, said
+
+
+def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str, tmp_path: Path) -> None:
+    """Dockerfile.gpu built for real: TensorFlow with NVIDIA's CUDA wheels, the same user and healthcheck.
+
+    No GPU here: a sweep with the image's TensorFlow times the CPU and reports a CUDA build.
+    """
+    assert podman("inspect", "--format={{.Config.User}}", gpu_image).stdout.strip() == UID_GID
+    assert "healthz" in podman("inspect", "--format={{.Config.Healthcheck.Test}}", gpu_image).stdout
+    config = tmp_path / "config.yaml"
+    config.write_text("benchmark: {sizes: [16, 64], modes: [compute]}\n")
+    done = podman(
+        "run",
+        "--rm",
+        "--read-only",
+        "--cap-drop=all",
+        "--security-opt=no-new-privileges",
+        "--ulimit=nofile=4096:4096",
+        "--ulimit=nproc=4096:4096",
+        f"--volume={config}:/etc/crossover-monitor/config.yaml:ro",
+        gpu_image,
+        "once",
+        "--json",
+        "--config",
+        "/etc/crossover-monitor/config.yaml",
+        timeout=300,
+        check=False,
+    )
+    outcome = json.loads(done.stdout)
+    environment = outcome["snapshot"]["environment"]
+    assert environment["framework"] == "tensorflow"
+    assert environment["cuda_build"] == "true", environment
+    assert [d["kind"] for d in outcome["snapshot"]["devices"]] == ["cpu"]
+    assert outcome["result"] == "success", done.stderr

@@ -157,6 +157,34 @@ def test_memory_deny_write_execute_is_refused_with_its_reason_not_timed_slowly(m
     assert not find(samples, "matmul_duration_seconds"), "a timing was published"
 
 
+def test_sigkill_then_restart_serves_the_last_results_from_the_state_directory(machine: Machine) -> None:
+    port = free_port()
+    start(machine, config_text(port), "[Service]\nRestartSec=1s\n")
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http_get(f"{base}/readyz")[0] == 200, 180, "the first sweep", logs=machine.journal)
+    before = parse(http_get(f"{base}/metrics")[2])
+    killed = int(machine.show("MainPID")["MainPID"])
+    machine.run("systemctl", "kill", "--signal=SIGKILL", UNIT_NAME)
+
+    def restarted() -> bool:
+        shown = machine.show("MainPID", "SubState")
+        return shown["SubState"] == "running" and int(shown["MainPID"]) not in (0, killed)
+
+    wait_until(restarted, 30, "the restart", logs=machine.journal)
+    # Served again at once: ready, the same crossovers, the same last-success time, counters going on.
+    wait_until(lambda: http_get(f"{base}/readyz")[0] == 200, 5, "ready after the restart", logs=machine.journal)
+    after = parse(http_get(f"{base}/metrics")[2])
+    for name in ("matmul_crossover_state", "matmul_sweep_last_success_timestamp_seconds"):
+        assert find(after, name) == find(before, name), name
+    assert find(after, "matmul_sweeps_total", result="success") == find(before, "matmul_sweeps_total", result="success")
+    listed = machine.run(
+        "/opt/crossover-monitor/.venv/bin/crossover-monitor", "history", "--directory", "/var/lib/crossover-monitor"
+    ).stdout
+    assert " sweep " in listed, listed
+    assert "success" in listed, listed
+    assert "run history: resumed" in machine.journal()
+
+
 def test_sandbox_holds(machine: Machine) -> None:
     main_pid = start(machine, config_text(free_port()))
     status = dict(

@@ -1,0 +1,206 @@
+"""The run history: real SQLite files, bad ones moved aside, a full disk, and the service restarted after SIGKILL."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor.history import FILE_NAME, HistoryUnavailable, RunHistory, read_recent
+from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.report import render_history
+from tests.conftest import REPO
+from tests.service import RunningService, fake_config, find
+from tests.test_codec import SNAPSHOT
+
+Labels = frozenset[tuple[str, str]]
+SUCCESS = SweepOutcome(result=SweepResult.SUCCESS, started_at=1.0, finished_at=2.0, snapshot=SNAPSHOT)
+FAILED = SweepOutcome(result=SweepResult.FAILED, started_at=3.0, finished_at=4.0, reason="the worker exited (status 1)")
+
+
+def served_after(*outcomes: SweepOutcome) -> ServiceState:
+    state = ServiceState()
+    for outcome in outcomes:
+        counts = tuple((r, n + (r is outcome.result)) for r, n in state.sweeps)
+        state = dataclasses.replace(state, sweeps=counts, last_outcome=outcome)
+        if outcome.snapshot is not None:
+            state = dataclasses.replace(state, latest=outcome.snapshot, last_success_at=outcome.finished_at)
+    return state
+
+
+def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
+    history = RunHistory.open(tmp_path, keep_runs=100)
+    assert history.restore() is None  # a new history
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    state = served_after(SUCCESS, FAILED)
+    assert history.record("sweep", FAILED, state, "torch")
+    history.close()
+
+    reopened = RunHistory.open(tmp_path, keep_runs=100)
+    restored = reopened.restore()
+    assert restored is not None
+    restored_state, backend = restored
+    assert backend == "torch"
+    assert restored_state.latest == SNAPSHOT  # every measurement, crossover, withheld device and timestamp
+    assert restored_state.last_success_at == 2.0
+    assert restored_state.count(SweepResult.SUCCESS) == 1
+    assert restored_state.count(SweepResult.FAILED) == 1
+    assert restored_state.last_outcome == dataclasses.replace(FAILED, snapshot=None)
+    newest, oldest = reopened.recent(10)
+    assert (newest.result, newest.reason) == ("failed", "the worker exited (status 1)")
+    assert oldest.devices == (("cuda:0", "measured", ""),)
+    assert oldest.crossovers == (("cuda:0", "compute", "found", 140.5),)
+    table = render_history(read_recent(tmp_path, 10))
+    assert "the worker exited (status 1)" in table
+    assert "cuda:0 compute 140" in table
+
+
+def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
+    history = RunHistory.open(tmp_path, keep_runs=3)
+    for index in range(7):
+        outcome = dataclasses.replace(FAILED, started_at=float(index), finished_at=index + 0.5)
+        history.record("sweep", outcome, served_after(outcome), "torch")
+    assert [run.started_at for run in history.recent(10)] == [6.0, 5.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "said"),
+    [
+        (lambda path: path.write_bytes(b"this is not a database" * 100), "is not a readable database"),
+        (
+            lambda path: sqlite3.connect(path).executescript(
+                "CREATE TABLE orders (id INTEGER); PRAGMA user_version=3;"
+            ),
+            "is another program's database",
+        ),
+        (
+            lambda path: RunHistory.open(path.parent, 10)._db.execute("PRAGMA user_version=99"),
+            "has schema version 99, newer than this program's 1",
+        ),
+    ],
+    ids=["garbage", "foreign", "newer"],
+)
+def test_a_bad_file_is_moved_aside_and_a_new_history_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, make_bad: object, said: str
+) -> None:
+    path = tmp_path / FILE_NAME
+    make_bad(path)  # type: ignore[operator]
+    with pytest.raises(HistoryUnavailable, match=said):  # the CLI reads without touching it
+        read_recent(tmp_path, 5)
+    with caplog.at_level(logging.WARNING):
+        history = RunHistory.open(tmp_path, keep_runs=10)
+    assert said in caplog.text
+    aside = [p.name for p in tmp_path.iterdir() if p.name.startswith(f"{FILE_NAME}.bad-")]
+    assert aside, f"nothing moved aside: {list(tmp_path.iterdir())}"
+    assert history.restore() is None
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    assert len(history.recent(5)) == 1
+
+
+def test_a_directory_that_cannot_be_made_is_reported(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(HistoryUnavailable, match="cannot make"):
+        RunHistory.open(blocker / "state", keep_runs=10)
+
+
+def fill(path: Path) -> None:
+    """Write zeros to ``path`` until the disk is full."""
+    handle = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(handle, b"\0" * 4096)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+    finally:
+        os.close(handle)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("mount") is None, reason="mounts a small tmpfs: needs root")
+def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
+    try:
+        history = RunHistory.open(disk, keep_runs=10_000)
+        assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+        filler = disk / "filler"
+        fill(filler)
+        with caplog.at_level(logging.ERROR):
+            written = [history.record("sweep", FAILED, served_after(SUCCESS, FAILED), "torch") for _ in range(50)]
+        assert not all(written)
+        assert "could not record the sweep" in caplog.text
+        restored = history.restore()
+        assert restored is not None
+        assert restored[0].latest == SNAPSHOT  # never half a run: what was committed is intact
+        filler.unlink()
+        assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+        history.close()
+        check = sqlite3.connect(disk / FILE_NAME).execute("PRAGMA integrity_check").fetchone()[0]
+        assert check == "ok"
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def run_until_killed(service: RunningService, served: dict[Labels, float], completed: int) -> dict[Labels, float]:
+    """One life of the service: checks what it serves at start, lets it sweep, SIGKILLs it mid-sweep."""
+    try:
+        if served:  # served again at once, and the counters go on from where they were
+            service.wait_for(lambda: service.get("/readyz")[0] == 200, 5, "the restored results")
+            again = service.scrape()
+            assert find(again, "matmul_crossover_size") == served
+            assert next(iter(find(again, "matmul_sweeps_total", result="success").values())) >= completed
+        samples = service.wait_for_sweeps("success", count=completed + 2)
+        # Into the next sweep's worker, then SIGKILL: no chance to clean up.
+        service.wait_for(lambda: "sweep started" in service.logs().rsplit("sweep finished", 1)[-1], 10, "a sweep")
+        return find(samples, "matmul_crossover_size")
+    finally:
+        service.process.send_signal(signal.SIGKILL)
+        service.stop()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_completed_sweep(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    config = fake_config(interval="2s") + f"history: {{directory: {state}}}\n"
+    completed = 0
+    served: dict[Labels, float] = {}
+    for restart in range(5):
+        run_dir = tmp_path / f"run{restart}"
+        run_dir.mkdir()
+        service = RunningService(run_dir, config)
+        served = run_until_killed(service, served, completed)
+        completed += service.log.read_text().count("sweep finished result=success")
+    runs = read_recent(state, 1000)
+    assert sum(run.result == "success" for run in runs) == completed
+    assert sqlite3.connect(state / FILE_NAME).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_history_command_prints_the_runs_and_names_a_missing_history(tmp_path: Path) -> None:
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    history.close()
+    command = [sys.executable, "-m", "monitor", "history", "--directory"]
+    done = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, cwd=REPO, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "success" in done.stdout
+    assert "cuda:1 withheld (gpu_busy)" not in done.stdout  # only devices the snapshot listed
+    assert "cuda:0 measured" in done.stdout
+    missing = subprocess.run([*command, str(tmp_path / "none")], capture_output=True, text=True, cwd=REPO, check=False)
+    assert missing.returncode == 1
+    assert "no run history at" in missing.stderr
+    assert "Traceback" not in missing.stderr
