@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from socket import AF_INET6
 
+from monitor.httpserver import HttpLimits, HttpServer, Request, Response
 from monitor.metrics import Registry, render
 
 log = logging.getLogger(__name__)
@@ -22,76 +20,56 @@ _INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
 """
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # The standard library's listen backlog is 5: fifty scrapers at once waited for SYN retransmits (1, 3,
-    # 7, 15 s). The kernel caps this at net.core.somaxconn.
-    request_queue_size = 128
-
-
 class MetricsServer:
-    """Serves the registry and the probes on a background thread."""
+    """Serves the registry and the probes (monitor/httpserver.py does the HTTP)."""
 
-    def __init__(self, host: str, port: int, registry: Registry, *, healthy: Probe, ready: Probe) -> None:
-        handler = _handler(registry, healthy, ready)
-        server_class = type("_Server6", (_Server,), {"address_family": AF_INET6}) if ":" in host else _Server
-        self._httpd = server_class((host, port), handler)  # raises OSError if the address is taken
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="http", daemon=True)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        registry: Registry,
+        *,
+        healthy: Probe,
+        ready: Probe,
+        limits: HttpLimits | None = None,
+    ) -> None:
+        routes: dict[str, Callable[[Request], Response]] = {
+            "/metrics": lambda request: _metrics(registry, request),
+            "/healthz": lambda _: _probe(healthy),
+            "/readyz": lambda _: _probe(ready),
+            "/": lambda _: Response(status=200, body=_INDEX, content_type="text/html; charset=utf-8"),
+        }
+
+        def handle(request: Request) -> Response:
+            route = routes.get(request.path)
+            if route is None:
+                return Response(status=404, body=b"not found: try /metrics, /healthz or /readyz\n")
+            if request.method not in ("GET", "HEAD"):
+                return Response(status=405, body=b"only GET and HEAD here\n", headers=(("Allow", "GET, HEAD"),))
+            return route(request)
+
+        self._http = HttpServer(host, port, handle, limits=limits)  # raises OSError if the address is taken
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
-        return str(host), int(port)
+        return self._http.address
 
     def start(self) -> None:
-        self._thread.start()
+        self._http.start()
 
     def stop(self) -> None:
-        if self._thread.is_alive():  # shutdown() waits for serve_forever, which never ran if not started
-            self._httpd.shutdown()
-        self._httpd.server_close()
+        self._http.stop()
 
 
-def _handler(registry: Registry, healthy: Probe, ready: Probe) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "crossover-monitor"
+def _metrics(registry: Registry, request: Request) -> Response:
+    try:
+        body, content_type = render(registry, request.header("accept"))
+    except Exception:  # a bug in rendering must answer 500, not drop the connection
+        log.exception("rendering /metrics failed")
+        return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
+    return Response(status=200, body=body, content_type=content_type)
 
-        def do_HEAD(self) -> None:
-            """What GET would answer, headers only (load balancers and uptime checks ask this way)."""
-            self._head_only = True
-            try:
-                self.do_GET()
-            finally:
-                self._head_only = False  # a kept-alive connection's next GET gets its body
 
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    body, content_type = render(registry, self.headers.get("Accept"))
-                except Exception:  # a bug in rendering must answer 500, not drop the connection
-                    log.exception("rendering /metrics failed")
-                    self._send(500, b"internal error rendering metrics; see the service log\n", "text/plain")
-                    return
-                self._send(200, body, content_type)
-            elif path in ("/healthz", "/readyz"):
-                ok, message = (healthy if path == "/healthz" else ready)()
-                self._send(200 if ok else 503, (message + "\n").encode(), "text/plain; charset=utf-8")
-            elif path == "/":
-                self._send(200, _INDEX, "text/html; charset=utf-8")
-            else:
-                self._send(404, b"not found: try /metrics, /healthz or /readyz\n", "text/plain; charset=utf-8")
-
-        def _send(self, status: int, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if not getattr(self, "_head_only", False):
-                self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
-            log.debug("http: %s", format % args)
-
-    return Handler
+def _probe(probe: Probe) -> Response:
+    ok, message = probe()
+    return Response(status=200 if ok else 503, body=(message + "\n").encode())

@@ -1,0 +1,304 @@
+"""An HTTP/1.1 server for a handful of small endpoints that stays up under broken or hostile clients.
+
+asyncio holds the connections (a coroutine each, no thread each), h11 speaks the protocol, and a
+small thread pool runs the handlers (rendering /metrics is CPU work). README "HTTP server" says why
+not the standard library's ThreadingHTTPServer, uvicorn or cheroot.
+
+What a client cannot do to it (``HttpLimits``):
+
+- hold a connection without finishing a request: the whole request head must arrive within
+  ``request_timeout`` of the connection (or of the previous response, for a kept-alive one), however
+  slowly it trickles in; a silent or slowloris client is closed at that deadline;
+- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
+  oldest connection still waiting for its request head (a silent or slow client, or an idle kept-alive
+  one), and gets 503 only when every connection is busy being answered; handlers run on ``workers``
+  threads, whatever the number of clients;
+- stall others with TLS: handshakes run in the event loop, never on the accept path, and are cut off
+  after ``handshake_timeout``;
+- send an oversized head or body: 431 / 413.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import logging
+import ssl
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import h11
+
+log = logging.getLogger(__name__)
+
+_READ_CHUNK = 65536
+# Smaller bodies are not worth compressing (a probe's "ok"): gzip would only add bytes and CPU.
+_GZIP_MIN_BYTES = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpLimits:
+    request_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0  # a kept-alive connection's wait for its next request (Prometheus reuses them)
+    handshake_timeout_s: float = 10.0
+    max_connections: int = 256
+    max_header_bytes: int = 16384
+    max_body_bytes: int = 65536
+    workers: int = 4
+    stop_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    method: str
+    target: str  # path and query, as sent
+    headers: tuple[tuple[str, str], ...]  # names lower-case
+    body: bytes
+    peer: str
+    tls_client_certificate: bool = False
+
+    @property
+    def path(self) -> str:
+        return self.target.split("?", 1)[0]
+
+    def header(self, name: str) -> str | None:
+        return next((value for key, value in self.headers if key == name), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+
+
+Handler = Callable[[Request], Response]
+
+
+@dataclass(eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    busy: bool = False
+
+
+class HttpServer:
+    """Binds at construction (an OSError if it cannot), serves from ``start`` on a thread of its own."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        handler: Handler,
+        *,
+        limits: HttpLimits | None = None,
+        tls: ssl.SSLContext | None = None,
+        extra_headers: Callable[[], Iterable[tuple[str, str]]] = tuple,
+    ) -> None:
+        self._handler = handler
+        self._limits = limits or HttpLimits()
+        self._extra_headers = extra_headers
+        self._tls = tls
+        self._loop = asyncio.new_event_loop()
+        self._pool = ThreadPoolExecutor(max_workers=self._limits.workers, thread_name_prefix="http")
+        # Connections waiting for a request head, oldest first: the ones a new connection may evict.
+        self._waiting: OrderedDict[_Connection, None] = OrderedDict()
+        self._connections: set[_Connection] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="http-loop", daemon=True)
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(
+                    self._serve,
+                    host,
+                    port,
+                    backlog=1024,
+                    ssl=tls,
+                    ssl_handshake_timeout=self._limits.handshake_timeout_s if tls else None,
+                )
+            )
+        except OSError:
+            self._loop.close()
+            self._pool.shutdown(wait=False)
+            raise
+        host, port = self._server.sockets[0].getsockname()[:2]
+        self._address = (str(host), int(port))
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._address
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, let answers in progress finish (up to stop_timeout), close the rest."""
+        if self._thread.is_alive():
+            done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+            with contextlib.suppress(Exception):
+                done.result(self._limits.stop_timeout_s + 2)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        else:
+            self._server.close()
+        if not self._loop.is_running():
+            self._loop.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for connection in list(self._waiting):
+            connection.writer.transport.abort()
+        deadline = self._loop.time() + self._limits.stop_timeout_s
+        while any(c.busy for c in self._connections) and self._loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll of plain flags
+            await asyncio.sleep(0.05)
+        for connection in list(self._connections):
+            connection.writer.transport.abort()
+
+    def _admit(self, connection: _Connection) -> bool:
+        """Room for ``connection``: evict the oldest waiting one when full; False when every one is busy."""
+        if len(self._connections) >= self._limits.max_connections:
+            if not self._waiting:
+                return False
+            oldest, _ = self._waiting.popitem(last=False)
+            oldest.writer.transport.abort()
+            self._connections.discard(oldest)
+        self._connections.add(connection)
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(writer)
+        if not self._admit(connection):
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            with contextlib.suppress(OSError):
+                await writer.drain()
+            writer.transport.abort()
+            return
+        try:
+            await self._conversation(connection, reader, writer)
+        except (OSError, asyncio.IncompleteReadError, h11.LocalProtocolError):
+            pass  # the client went away or broke the protocol mid-answer: nothing to tell it
+        finally:
+            self._waiting.pop(connection, None)
+            self._connections.discard(connection)
+            writer.transport.abort()
+
+    async def _conversation(
+        self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
+        wait = self._limits.request_timeout_s
+        peer = str(writer.get_extra_info("peername", ("?",))[0])
+        client_certificate = writer.get_extra_info("peercert") is not None
+        while True:
+            self._waiting[connection] = None
+            try:
+                request = await self._read_request(protocol, reader, self._loop.time() + wait, peer, client_certificate)
+            except TimeoutError:
+                return  # silent, slow or idle: closed at its deadline
+            except h11.RemoteProtocolError as exc:  # malformed, or a head or body over the limits
+                self._waiting.pop(connection, None)
+                writer.write(_plain_error(exc.error_status_hint, str(exc)))
+                await asyncio.wait_for(writer.drain(), self._limits.request_timeout_s)
+                return
+            if request is None:
+                return  # the client closed the connection
+            self._waiting.pop(connection, None)
+            connection.busy = True
+            try:
+                response = await self._loop.run_in_executor(self._pool, self._answer, request)
+                await self._send(protocol, writer, response, head=request.method == "HEAD")
+            finally:
+                connection.busy = False
+            if protocol.our_state is h11.MUST_CLOSE or not self._server.is_serving():
+                return
+            protocol.start_next_cycle()
+            wait = self._limits.idle_timeout_s
+
+    async def _read_request(
+        self, protocol: h11.Connection, reader: asyncio.StreamReader, deadline: float, peer: str, certificate: bool
+    ) -> Request | None:
+        """The next whole request, or None if the client closed; TimeoutError if it is not all here by ``deadline``."""
+        head: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = protocol.next_event()
+            if event is h11.NEED_DATA:
+                remaining = deadline - self._loop.time()
+                if remaining <= 0:
+                    raise TimeoutError
+                data = await asyncio.wait_for(reader.read(_READ_CHUNK), remaining)
+                protocol.receive_data(data)
+            elif isinstance(event, h11.Request):
+                # h11 bounds only a head still arriving; one that came whole in a read is measured here.
+                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > self._limits.max_header_bytes:
+                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                head = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+                if len(body) > self._limits.max_body_bytes:
+                    raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
+            elif isinstance(event, h11.EndOfMessage) and head is not None:
+                return Request(
+                    method=head.method.decode("ascii", "replace"),
+                    target=head.target.decode("ascii", "replace"),
+                    headers=tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in head.headers),
+                    body=bytes(body),
+                    peer=peer,
+                    tls_client_certificate=certificate,
+                )
+            elif isinstance(event, h11.ConnectionClosed):
+                return None
+
+    def _answer(self, request: Request) -> Response:
+        """The handler's response, gzipped when the client asks and it pays (on a pool thread)."""
+        try:
+            response = self._handler(request)
+        except Exception:  # a bug in a handler answers 500; it must not take the connection or the server
+            log.exception("handling %s %s failed", request.method, request.path)
+            return Response(status=500, body=b"internal error; see the service log\n")
+        accepts = request.header("accept-encoding") or ""
+        if len(response.body) >= _GZIP_MIN_BYTES and "gzip" in accepts.lower():
+            compressed = gzip.compress(response.body, compresslevel=5, mtime=0)
+            headers = (*response.headers, ("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding"))
+            return Response(
+                status=response.status, body=compressed, content_type=response.content_type, headers=headers
+            )
+        return response
+
+    async def _send(
+        self, protocol: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, head: bool
+    ) -> None:
+        headers = [
+            ("Content-Type", response.content_type),
+            ("Content-Length", str(len(response.body))),
+            *response.headers,
+            *self._extra_headers(),
+        ]
+        if not self._server.is_serving():
+            headers.append(("Connection", "close"))
+        out = protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        if not head and response.body:
+            out += protocol.send(h11.Data(data=response.body)) or b""
+        out += protocol.send(h11.EndOfMessage()) or b""
+        writer.write(out)
+        await asyncio.wait_for(writer.drain(), self._limits.request_timeout_s)
+
+
+def _plain_error(status: int, message: str) -> bytes:
+    """A whole error response, written without h11 (whose state is spent after a protocol error)."""
+    reasons = {400: "Bad Request", 413: "Content Too Large", 431: "Request Header Fields Too Large"}
+    body = f"{message}\n".encode("utf-8", "replace")
+    head = (
+        f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
