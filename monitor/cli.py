@@ -48,6 +48,19 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run the service: sweep on a schedule and serve /metrics")
     run.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
     run.add_argument("--listen", metavar="HOST:PORT", help="override server.listen")
+    run.add_argument(
+        "--web.config.file",
+        dest="web_config",
+        metavar="FILE",
+        type=Path,
+        help="TLS and basic auth, in the web config format of Prometheus exporters (README 'TLS and authentication')",
+    )
+    run.add_argument(
+        "--web.enable-lifecycle",
+        dest="enable_lifecycle",
+        action="store_true",
+        help="serve POST /-/reload and POST /-/sweep (behind basic auth when the web config sets users)",
+    )
 
     once = commands.add_parser("once", help="run one sweep, print the results and exit")
     once.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
@@ -82,7 +95,9 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
     from monitor.daemon import Service  # noqa: PLC0415 - only `run` needs the scheduler and server
 
     # SIGHUP rereads what started it: the same file, with the same --listen.
-    service = Service(settings, load=lambda: _settings(args))
+    service = Service(
+        settings, load=lambda: _settings(args), web_config=args.web_config, enable_lifecycle=args.enable_lifecycle
+    )
     return service.run()
 
 

@@ -22,10 +22,11 @@ from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResu
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
-from monitor.server import MetricsServer
+from monitor.server import Lifecycle, MetricsServer
 from monitor.settings import Settings
 from monitor.state import StateStore
 from monitor.sweep import KILL_GRACE_S, Launcher, launch_subprocess, run_sweep
+from monitor.webconfig import WebGate
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,17 @@ class Service:
         *,
         launch: Launcher = launch_subprocess,
         load: Callable[[], Settings] | None = None,
+        web_config: Path | None = None,
+        enable_lifecycle: bool = False,
     ) -> None:
         self._settings = settings
         self._launch = launch
         # Reads the configuration again for SIGHUP (the CLI's loader: file and flags); None: nothing to reread.
         self._load = load
         self._reload_requested = threading.Event()
+        self._reload_lock = threading.Lock()  # SIGHUP and POST /-/reload may come at once
+        self._reload_refusal = ""
+        gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
         self._history = open_history(settings)
         self._store = StateStore(restored_state(self._history, settings))
         self._store.record_config(loaded=True, at=time.time())
@@ -122,7 +128,17 @@ class Service:
         registry = build_registry(self.read_state, backend=backend, framework_version=framework_version(backend))
         server = settings.server
         try:
-            self._server = MetricsServer(server.host, server.port, registry, healthy=self.healthy, ready=self.ready)
+            self._server = MetricsServer(
+                server.host,
+                server.port,
+                registry,
+                healthy=self.healthy,
+                ready=self.ready,
+                web=gate,
+                lifecycle=Lifecycle(reload=self._reload_requested_over_http, sweep=self.request_sweep)
+                if enable_lifecycle
+                else None,
+            )
         except OSError as exc:
             raise StartupError(f"cannot listen on {server.listen}: {exc.strerror or exc}") from None
 
@@ -284,6 +300,21 @@ class Service:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
         self._stopping.set()
 
+    def _reload_requested_over_http(self) -> tuple[bool, str]:
+        """POST /-/reload: the same as SIGHUP, answered with the outcome."""
+        if self.reload():
+            return True, "configuration reloaded"
+        return False, f"reload refused; the running configuration stays: {self._reload_refusal}"
+
+    def request_sweep(self) -> tuple[bool, str]:
+        """A sweep now (SIGUSR1, POST /-/sweep), counted and recorded like a scheduled one; refused while one runs."""
+        if self._worker_lock.locked():
+            log.info("manual sweep refused: a sweep or retry is running")
+            return False, "a sweep or retry is running; try again when it ends"
+        log.info("manual sweep requested")
+        self._scheduler.run_later(self._sweep, 0, name="manual")
+        return True, "sweep started"
+
     def reload(self) -> bool:
         """Read the configuration again: a valid one takes effect at once, an invalid one is logged and ignored.
 
@@ -291,12 +322,18 @@ class Service:
         finishes on its plan); series the new configuration no longer asks for disappear now. Where
         the service listens cannot change without a restart.
         """
+        with self._reload_lock:
+            return self._reload()
+
+    def _reload(self) -> bool:
         if self._load is None:
             log.warning("reload ignored: this service was started without a configuration to reread")
+            self._reload_refusal = "this service was started without a configuration file to reread"
             return False
         try:
             new = self._load()
         except ConfigError as exc:
+            self._reload_refusal = str(exc)
             log.error("reload refused; the running configuration stays", extra={"problems": str(exc)})  # noqa: TRY400 - a user's mistake: the problems, no traceback
             self._store.record_config(loaded=False, at=time.time())
             return False
@@ -317,12 +354,8 @@ class Service:
         return True
 
     def _on_manual_sweep(self, _signum: int, _frame: FrameType | None) -> None:
-        """SIGUSR1: a sweep now (e.g. right after a driver upgrade), counted and recorded like a scheduled one."""
-        if self._worker_lock.locked():
-            log.info("manual sweep refused: a sweep or retry is running")
-            return
-        log.info("manual sweep requested", extra={"signal": "SIGUSR1"})
-        self._scheduler.run_later(self._sweep, 0, name="manual")
+        """SIGUSR1: a sweep now (e.g. right after a driver upgrade)."""
+        self.request_sweep()
 
     def run(self, *, install_signal_handlers: bool = True) -> int:
         previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}

@@ -98,8 +98,10 @@ class HttpServer:
         limits: HttpLimits | None = None,
         tls: ssl.SSLContext | None = None,
         extra_headers: Callable[[], Iterable[tuple[str, str]]] = tuple,
+        tick: Callable[[], None] | None = None,
     ) -> None:
         self._handler = handler
+        self._tick = tick
         self._limits = limits or HttpLimits()
         self._extra_headers = extra_headers
         self._tls = tls
@@ -136,7 +138,17 @@ class HttpServer:
         return len(self._connections)
 
     def start(self) -> None:
+        if self._tick is not None:
+            self._loop.call_soon(lambda: self._loop.create_task(self._ticking()))
         self._thread.start()
+
+    async def _ticking(self) -> None:
+        """``tick`` once a second on a pool thread (it may read files): e.g. certificates that changed."""
+        assert self._tick is not None  # noqa: S101 - started only with one
+        while self._server.is_serving():
+            with contextlib.suppress(Exception):
+                await self._loop.run_in_executor(self._pool, self._tick)
+            await asyncio.sleep(1.0)
 
     def stop(self) -> None:
         """Stop accepting, let answers in progress finish (up to stop_timeout), close the rest."""

@@ -1,12 +1,14 @@
-"""The HTTP endpoints: /metrics, /healthz (alive) and /readyz (has results to serve)."""
+"""The HTTP endpoints: /metrics, /healthz (alive), /readyz (has results to serve), and the lifecycle API."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from monitor.httpserver import HttpLimits, HttpServer, Request, Response
 from monitor.metrics import Registry, render
+from monitor.webconfig import WebGate
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +22,21 @@ _INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
 """
 
 
+@dataclass(frozen=True)
+class Lifecycle:
+    """What POST /-/reload and POST /-/sweep do (only with --web.enable-lifecycle): (done, a line to answer)."""
+
+    reload: Callable[[], tuple[bool, str]]
+    sweep: Callable[[], tuple[bool, str]]
+
+
+# The probes answer without credentials: Kubernetes probes and the image's HEALTHCHECK cannot send them,
+# and they tell only whether the service is alive and ready (and why not).
+_OPEN_PATHS = ("/healthz", "/readyz")
+
+
 class MetricsServer:
-    """Serves the registry and the probes (monitor/httpserver.py does the HTTP)."""
+    """The endpoints: /metrics, the probes, the landing page and the lifecycle API; monitor/httpserver.py does HTTP."""
 
     def __init__(
         self,
@@ -31,24 +46,40 @@ class MetricsServer:
         *,
         healthy: Probe,
         ready: Probe,
+        web: WebGate | None = None,
+        lifecycle: Lifecycle | None = None,
         limits: HttpLimits | None = None,
     ) -> None:
-        routes: dict[str, Callable[[Request], Response]] = {
+        gate = web or WebGate(None)
+        gets: dict[str, Callable[[Request], Response]] = {
             "/metrics": lambda request: _metrics(registry, request),
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
             "/": lambda _: Response(status=200, body=_INDEX, content_type="text/html; charset=utf-8"),
         }
+        posts: dict[str, Callable[[], tuple[bool, str]]] = (
+            {"/-/reload": lifecycle.reload, "/-/sweep": lifecycle.sweep} if lifecycle is not None else {}
+        )
 
         def handle(request: Request) -> Response:
-            route = routes.get(request.path)
+            path = request.path
+            if path not in _OPEN_PATHS and not gate.allowed(request.header("authorization"), request.peer, path):
+                challenge = ("WWW-Authenticate", 'Basic realm="crossover-monitor", charset="UTF-8"')
+                return Response(status=401, body=b"unauthorized\n", headers=(challenge,))
+            if path in ("/-/reload", "/-/sweep"):
+                done, refused = (202, 409) if path == "/-/sweep" else (200, 400)
+                return _lifecycle(request, posts.get(path), done=done, refused=refused)
+            route = gets.get(path)
             if route is None:
                 return Response(status=404, body=b"not found: try /metrics, /healthz or /readyz\n")
             if request.method not in ("GET", "HEAD"):
                 return Response(status=405, body=b"only GET and HEAD here\n", headers=(("Allow", "GET, HEAD"),))
             return route(request)
 
-        self._http = HttpServer(host, port, handle, limits=limits)  # raises OSError if the address is taken
+        # Raises OSError if the address is taken.
+        self._http = HttpServer(
+            host, port, handle, limits=limits, tls=gate.tls_context, extra_headers=gate.headers, tick=gate.refresh
+        )
 
     @property
     def address(self) -> tuple[str, int]:
@@ -59,6 +90,15 @@ class MetricsServer:
 
     def stop(self) -> None:
         self._http.stop()
+
+
+def _lifecycle(request: Request, action: Callable[[], tuple[bool, str]] | None, *, done: int, refused: int) -> Response:
+    if action is None:
+        return Response(status=403, body=b"the lifecycle API is off; start the service with --web.enable-lifecycle\n")
+    if request.method != "POST":
+        return Response(status=405, body=b"POST only\n", headers=(("Allow", "POST"),))
+    ok, message = action()
+    return Response(status=done if ok else refused, body=(message + "\n").encode())
 
 
 def _metrics(registry: Registry, request: Request) -> Response:

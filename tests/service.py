@@ -34,7 +34,7 @@ guard: {{require_nvml: false}}
 class RunningService:
     """``python -m monitor run`` with a config written to a temp dir; stopped by ``stop``."""
 
-    def __init__(self, tmp_path: Path, config: str) -> None:
+    def __init__(self, tmp_path: Path, config: str, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.config = tmp_path / "config.yaml"
         self.config.write_text(config)
@@ -52,6 +52,7 @@ class RunningService:
                 str(self.config),
                 "--listen",
                 f"127.0.0.1:{self.port}",
+                *extra,
             ],
             cwd=REPO,
             stdout=self._log_file,

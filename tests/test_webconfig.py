@@ -1,0 +1,289 @@
+"""TLS, basic auth and the lifecycle API, with certificates made by openssl and real TLS clients."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import logging
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+
+from monitor.errors import ConfigError
+from monitor.metrics import build_registry
+from monitor.model import ServiceState
+from monitor.server import Lifecycle, MetricsServer
+from monitor.webconfig import WebGate, parse
+from tests.conftest import tool
+from tests.service import RunningService, fake_config
+
+PASSWORD = "s3cret-for-tests"  # noqa: S105 - a test credential, hashed at run time
+
+
+def openssl(*args: str, cwd: Path) -> None:
+    subprocess.run([tool("openssl", "openssl"), *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_certificate(directory: Path, name: str, ca: str = "ca") -> None:
+    """``name``.crt/.key signed by ``ca``, valid for 127.0.0.1 and localhost."""
+    openssl("req", "-new", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={name}", cwd=directory)  # fmt: skip
+    (directory / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=directory)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+            "-subj", "/CN=test-ca", cwd=directory)  # fmt: skip
+    for name in ("server", "rotated", "client"):
+        make_certificate(directory, name)
+    return directory
+
+
+def write_config(directory: Path, text: str) -> Path:
+    path = directory / "web.yml"
+    path.write_text(text)
+    return path
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def hashed() -> str:
+    return bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+
+
+def https_get(
+    port: int, path: str, pki: Path, *, authorization: str | None = None, client: str | None = None
+) -> tuple[int, dict[str, str], str]:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    if client is not None:
+        context.load_cert_chain(pki / f"{client}.crt", pki / f"{client}.key")
+    connection = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+    try:
+        connection.request("GET", path, headers={"Authorization": authorization} if authorization else {})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read().decode()
+    finally:
+        connection.close()
+
+
+def serve(gate: WebGate, lifecycle: Lifecycle | None = None) -> MetricsServer:
+    registry = build_registry(ServiceState, backend="torch", framework_version="")
+    server = MetricsServer(
+        "127.0.0.1",
+        0,
+        registry,
+        healthy=lambda: (True, "ok"),
+        ready=lambda: (True, "ok"),
+        web=gate,
+        lifecycle=lifecycle,
+    )
+    server.start()
+    return server
+
+
+@pytest.fixture
+def tls_server(pki: Path, tmp_path: Path) -> Iterator[tuple[MetricsServer, Path]]:
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki / name, tmp_path / name)
+    config = write_config(
+        tmp_path,
+        f"""
+tls_server_config: {{cert_file: server.crt, key_file: server.key}}
+http_server_config:
+  headers: {{Strict-Transport-Security: max-age=31536000, x-content-type-options: nosniff}}
+basic_auth_users: {{prometheus: "{hashed()}"}}
+""",
+    )
+    server = serve(WebGate(config))
+    yield server, tmp_path
+    server.stop()
+
+
+def test_every_problem_in_a_web_config_is_named(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        """
+tls_server_config:
+  cert_file: missing.crt
+  client_auth_type: RequireAnyClientCert
+  min_version: TLS9
+  cipher_suites: [TLS_AES_128_GCM_SHA256]
+http_server_config: {headers: {Server: nginx}}
+basic_auth_users: {alice: plaintext}
+extra: 1
+""",
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse(config)
+    said = str(caught.value)
+    for expected in (
+        "tls_server_config.cert_file: no such file",
+        "tls_server_config.key_file: required",
+        "RequireAnyClientCert accepts any certificate without verifying it",
+        "tls_server_config.min_version: unknown 'TLS9'",
+        "tls_server_config.cipher_suites: not supported by this server",
+        "http_server_config.headers.Server: not settable",
+        "basic_auth_users.alice: must be a bcrypt hash",
+        "extra: unknown key",
+    ):
+        assert expected in said, said
+
+
+def test_tls_with_basic_auth_and_open_probes(
+    tls_server: tuple[MetricsServer, Path], pki: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = tls_server
+    port = server.address[1]
+    status, headers, body = https_get(port, "/metrics", pki, authorization=basic("prometheus", PASSWORD))
+    assert status == 200
+    assert "matmul_sweeps_total" in body
+    assert headers["strict-transport-security"] == "max-age=31536000"
+    assert headers["x-content-type-options"] == "nosniff"
+    with caplog.at_level(logging.WARNING):
+        wrong = https_get(port, "/metrics", pki, authorization=basic("prometheus", "wrong-password"))
+        missing = https_get(port, "/", pki)
+    assert (wrong[0], missing[0]) == (401, 401)
+    assert wrong[1]["www-authenticate"].startswith("Basic realm=")
+    assert "unauthorized request" in caplog.text
+    assert "wrong-password" not in caplog.text
+    assert https_get(port, "/healthz", pki)[0] == 200  # probes need no credentials
+    with pytest.raises(ssl.SSLError):  # and plain HTTP gets no answer from a TLS port
+        ssl.create_default_context().wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="x")
+
+
+def test_a_client_that_never_handshakes_blocks_nobody(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
+    server, _ = tls_server
+    port = server.address[1]
+    stuck = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    half = socket.create_connection(("127.0.0.1", port))
+    half.sendall(b"\x16\x03\x01\x00\xff")  # the start of a ClientHello, then nothing
+    began = time.monotonic()
+    for _ in range(5):
+        assert https_get(port, "/metrics", pki, authorization=basic("prometheus", PASSWORD))[0] == 200
+    assert time.monotonic() - began < 5, "TLS scrapes waited on the stuck clients"
+    for sock in (*stuck, half):
+        sock.close()
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
+    server, directory = tls_server
+    port = server.address[1]
+
+    def served_subject() -> str:
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost") as tls:
+            certificate = tls.getpeercert() or {}
+        subject: tuple[tuple[tuple[str, str], ...], ...] = certificate.get("subject", ())  # type: ignore[assignment]
+        return dict(pair[0] for pair in subject)["commonName"]
+
+    assert served_subject() == "server"
+    shutil.copy(pki / "rotated.key", directory / "server.key")
+    shutil.copy(pki / "rotated.crt", directory / "server.crt")
+    deadline = time.monotonic() + 10
+    while served_subject() != "rotated":
+        assert time.monotonic() < deadline, "the renewed certificate was not picked up"
+        time.sleep(0.2)
+
+
+def test_client_certificates_required_and_verified(pki: Path, tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        f"""
+tls_server_config:
+  cert_file: {pki / "server.crt"}
+  key_file: {pki / "server.key"}
+  client_auth_type: RequireAndVerifyClientCert
+  client_ca_file: {pki / "ca.crt"}
+  min_version: TLS13
+""",
+    )
+    server = serve(WebGate(config))
+    try:
+        port = server.address[1]
+        assert https_get(port, "/metrics", pki, client="client")[0] == 200
+        with pytest.raises((ssl.SSLError, ConnectionResetError, http.client.RemoteDisconnected)):
+            https_get(port, "/metrics", pki)
+    finally:
+        server.stop()
+
+
+def test_lifecycle_api_off_by_default_and_behind_auth(pki: Path, tmp_path: Path) -> None:
+    calls: list[str] = []
+    running = threading.Event()
+
+    def sweep() -> tuple[bool, str]:
+        calls.append("sweep")
+        if running.is_set():
+            return False, "a sweep or retry is running"
+        running.set()
+        return True, "sweep started"
+
+    lifecycle = Lifecycle(reload=lambda: (False, "reload refused: benchmark.sizes: must not be empty"), sweep=sweep)
+    config = write_config(tmp_path, f'basic_auth_users: {{ops: "{hashed()}"}}\n')
+    closed, opened = serve(WebGate(None)), serve(WebGate(config), lifecycle)
+    try:
+
+        def post(server: MetricsServer, path: str, **headers: str) -> tuple[int, str]:
+            connection = http.client.HTTPConnection(*server.address, timeout=5)
+            connection.request("POST", path, headers=headers)
+            response = connection.getresponse()
+            return response.status, response.read().decode()
+
+        assert post(closed, "/-/sweep")[0] == 403
+        assert post(opened, "/-/sweep")[0] == 401
+        credentials = {"Authorization": basic("ops", PASSWORD)}
+        assert post(opened, "/-/sweep", **credentials) == (202, "sweep started\n")
+        assert post(opened, "/-/sweep", **credentials)[0] == 409
+        status, body = post(opened, "/-/reload", **credentials)
+        assert (status, "benchmark.sizes" in body) == (400, True)
+        assert calls == ["sweep", "sweep"]
+    finally:
+        closed.stop()
+        opened.stop()
+
+
+@pytest.mark.slow
+def test_service_with_web_config_and_lifecycle_flags(tmp_path: Path) -> None:
+    web = write_config(tmp_path, f'basic_auth_users: {{ops: "{hashed()}"}}\n')
+    service = RunningService(tmp_path, fake_config(), ("--web.config.file", str(web), "--web.enable-lifecycle"))
+    try:
+        service.wait_for(lambda: service.get("/readyz")[0] == 200, 60, "the first sweep")
+        auth = {"Authorization": basic("ops", PASSWORD)}
+        assert service.get("/metrics")[0] == 401
+        assert service.get("/metrics", auth)[0] == 200
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+        connection.request("POST", "/-/sweep", headers=auth)
+        assert connection.getresponse().status == 202
+        service.wait_for(lambda: service.logs().count("sweep finished") >= 2, 60, "the manual sweep")
+        service.config.write_text("benchmark: {sizes: []}\n")
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=5)
+        connection.request("POST", "/-/reload", headers=auth)
+        response = connection.getresponse()
+        assert (response.status, b"benchmark.sizes" in response.read()) == (400, True)
+    finally:
+        service.stop()
+    service.config.write_text(fake_config())
+    bad = write_config(tmp_path, "basic_auth_users: {ops: plain}\n")
+    done = subprocess.run(
+        [*service.process.args[:-3], "--web.config.file", str(bad)],  # type: ignore[index]
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 78, done.stderr
+    assert "basic_auth_users.ops: must be a bcrypt hash" in done.stderr
