@@ -173,6 +173,11 @@ class HttpServer:
             await asyncio.sleep(0.05)
         for connection in list(self._connections):
             connection.writer.transport.abort()
+        # Every other task (the tick, connections winding down) ends here, not as "destroyed but pending".
+        others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     def _admit(self, connection: _Connection) -> bool:
         """Room for ``connection``: evict the oldest waiting one when full; False when every one is busy."""

@@ -305,6 +305,10 @@ class Machine:
         self.run("sh", "-c", 'mkdir -p "$(dirname "$1")" && cat > "$1"', "write", path, input_text=text)
 
     def install_unit(self, config: str, dropin: str | None = None) -> None:
+        # The image's own state directory (for a container's volume) is not a host's: on a host, systemd's
+        # StateDirectory= makes it. Left there, DynamicUser= would try to migrate it across the overlay's
+        # layers (EXDEV), which no real host filesystem does.
+        self.run("rm", "-rf", "/var/lib/crossover-monitor")
         self.write(f"/etc/systemd/system/{UNIT_NAME}", UNIT.read_text(encoding="utf-8"))
         self.write("/etc/crossover-monitor/config.yaml", config)
         if dropin is not None:

@@ -28,7 +28,8 @@ DYNAMIC_UIDS = range(61184, 65520)
 def start(machine: Machine, config: str, dropin: str | None = None) -> int:
     """Install the unit and config, start it (returns once READY=1 came: Type=notify), and its main PID."""
     machine.install_unit(config, dropin)
-    machine.run("systemctl", "start", UNIT_NAME, timeout=60)
+    started = machine.run("systemctl", "start", UNIT_NAME, timeout=60, check=False)
+    assert started.returncode == 0, f"{started.stderr}\n{machine.journal()}"
     shown = machine.show("ActiveState", "SubState", "MainPID")
     assert (shown["ActiveState"], shown["SubState"]) == ("active", "running"), machine.journal()
     return int(shown["MainPID"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import http.client
+import logging
 import socket
 import threading
 import time
@@ -171,3 +173,17 @@ def test_stop_lets_an_answer_in_progress_finish(slow: Slow) -> None:
 def test_a_taken_port_is_an_oserror_at_construction(server: HttpServer, slow: Slow) -> None:
     with pytest.raises(OSError):
         HttpServer("127.0.0.1", server.address[1], slow)
+
+
+def test_stop_leaves_no_task_behind(slow: Slow, caplog: pytest.LogCaptureFixture) -> None:
+    """A started server with a periodic tick stops without asyncio's "Task was destroyed but it is pending"."""
+    ticks: list[float] = []
+    server = HttpServer("127.0.0.1", 0, slow, limits=LIMITS, tick=lambda: ticks.append(time.monotonic()))
+    server.start()
+    time.sleep(1.5)
+    with caplog.at_level(logging.WARNING):
+        server.stop()
+        del server
+        gc.collect()  # asyncio reports a task left pending when the task is collected
+    assert ticks, "the tick never ran"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
