@@ -13,12 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from monitor import systemd
+from monitor import __version__, page, systemd
 from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
 from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResult
+from monitor.page import SweepPicture
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
@@ -106,6 +107,7 @@ class Service:
         self._reload_refusal = ""
         gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
         self._history = open_history(settings)
+        self._picture = SweepPicture()
         self._store = StateStore(restored_state(self._history, settings))
         self._store.record_config(loaded=True, at=time.time())
         self._stopping = threading.Event()
@@ -138,6 +140,8 @@ class Service:
                 lifecycle=Lifecycle(reload=self._reload_requested_over_http, sweep=self.request_sweep)
                 if enable_lifecycle
                 else None,
+                landing=self._landing_page,
+                picture=lambda: self._picture.svg(self._store.read()),
             )
         except OSError as exc:
             raise StartupError(f"cannot listen on {server.listen}: {exc.strerror or exc}") from None
@@ -299,6 +303,12 @@ class Service:
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("stopping", extra={"signal": signal.Signals(signum).name})
         self._stopping.set()
+
+    def _landing_page(self) -> str:
+        runs = self._history.recent(20) if self._history is not None else None
+        return page.render(
+            self._settings, self.read_state(), runs, picture=page.plot_available(), now=time.time(), version=__version__
+        )
 
     def _reload_requested_over_http(self) -> tuple[bool, str]:
         """POST /-/reload: the same as SIGHUP, answered with the outcome."""

@@ -48,6 +48,8 @@ class MetricsServer:
         ready: Probe,
         web: WebGate | None = None,
         lifecycle: Lifecycle | None = None,
+        landing: Callable[[], str] | None = None,
+        picture: Callable[[], bytes | None] | None = None,
         limits: HttpLimits | None = None,
     ) -> None:
         gate = web or WebGate(None)
@@ -55,7 +57,10 @@ class MetricsServer:
             "/metrics": lambda request: _metrics(registry, request),
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
-            "/": lambda _: Response(status=200, body=_INDEX, content_type="text/html; charset=utf-8"),
+            "/": lambda _: Response(
+                status=200, body=landing().encode() if landing else _INDEX, content_type="text/html; charset=utf-8"
+            ),
+            "/sweep.svg": lambda _: _svg(picture() if picture else None),
         }
         posts: dict[str, Callable[[], tuple[bool, str]]] = (
             {"/-/reload": lifecycle.reload, "/-/sweep": lifecycle.sweep} if lifecycle is not None else {}
@@ -99,6 +104,12 @@ def _lifecycle(request: Request, action: Callable[[], tuple[bool, str]] | None, 
         return Response(status=405, body=b"POST only\n", headers=(("Allow", "POST"),))
     ok, message = action()
     return Response(status=done if ok else refused, body=(message + "\n").encode())
+
+
+def _svg(drawn: bytes | None) -> Response:
+    if drawn is None:
+        return Response(status=404, body=b"no picture: no sweep yet, or the plot extra is not installed\n")
+    return Response(status=200, body=drawn, content_type="image/svg+xml")
 
 
 def _metrics(registry: Registry, request: Request) -> Response:

@@ -1,0 +1,210 @@
+"""The landing page at ``/``: what this instance measures, its latest crossovers, its recent runs, a picture.
+
+Rendered on the server from the state the service serves (no script, no external asset), every value
+escaped. The picture is the ``plot`` command's chart of the latest sweep, drawn in a separate process
+(``python -m monitor plot``) so matplotlib never stays loaded in the daemon, and only where the
+optional ``plot`` extra is installed; it is drawn once per sweep and kept.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.util
+import logging
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from monitor.history import Run
+from monitor.model import CrossoverState, ServiceState, SweepOutcome, SweepResult
+from monitor.report import render_json
+from monitor.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_PLOT_TIMEOUT_S = 60.0
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; max-width: 72rem; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; }
+th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.75rem; text-align: left; vertical-align: top; }
+th { background: #f4f4f4; }
+.failed, .timeout, .withheld { color: #b00020; }
+.success, .found { color: #1b5e20; }
+img { max-width: 100%; border: 1px solid #ddd; }
+nav a { margin-right: 1rem; }
+"""
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def render(
+    settings: Settings, state: ServiceState, runs: Sequence[Run] | None, *, picture: bool, now: float, version: str
+) -> str:
+    """The whole page."""
+    bench = settings.benchmark
+    schedule = settings.schedule
+    cadence = f"cron {schedule.cron}" if schedule.cron else f"every {schedule.interval_s:g} s"
+    due = state.next_sweep_at
+    next_run = "not scheduled" if due is None else f"{_time(due)} (in {max(0.0, due - now):.0f} s)"
+    latest = state.latest
+    parts = [
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>crossover-monitor on {_e(socket.gethostname())}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>crossover-monitor <small>{_e(version)}</small></h1>",
+        "<nav><a href='/metrics'>/metrics</a><a href='/healthz'>/healthz</a><a href='/readyz'>/readyz</a></nav>",
+        "<h2>What it measures</h2><table id='settings'>",
+        f"<tr><th>host</th><td>{_e(socket.gethostname())}</td></tr>",
+        f"<tr><th>backend</th><td>{_e(bench.backend)}</td></tr>",
+        f"<tr><th>devices</th><td>{_e(_devices(state) or 'auto')}</td></tr>",
+        f"<tr><th>sizes</th><td>{_e(', '.join(map(str, bench.sizes)))}</td></tr>",
+        f"<tr><th>dtypes, modes</th><td>{_e(', '.join(bench.dtypes))}; {_e(', '.join(bench.modes))}</td></tr>",
+        f"<tr><th>schedule</th><td>{_e(cadence)}</td></tr>",
+        f"<tr><th>next run</th><td id='next-run'>{_e(next_run)}</td></tr>",
+        f"<tr><th>latest sweep</th><td>{_e(_time(latest.finished_at if latest else None))}</td></tr>",
+        "</table>",
+        "<h2>Crossovers</h2>",
+    ]
+    parts += _crossovers(state)
+    parts.append("<h2>Latest sweep</h2>")
+    if latest is None:
+        parts.append("<p>No sweep has completed yet.</p>")
+    elif picture:
+        # The two handlers only mark whether the browser could show it (the page's test reads them).
+        parts.append(
+            "<img id='sweep' src='/sweep.svg' alt='time against matrix size, CPU and GPU, crossovers marked'"
+            " onload=\"this.dataset.shown='yes'\" onerror=\"this.dataset.shown='no'\">"
+        )
+    else:
+        parts.append(
+            "<p id='no-picture'>Install the plot extra for a picture: pip install 'crossover-monitor[plot]'.</p>"
+        )
+    parts.append("<h2>Recent runs</h2>")
+    parts += _runs(state, runs)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _devices(state: ServiceState) -> str:
+    latest = state.latest
+    if latest is None:
+        return ""
+    return ", ".join(f"{d.device} ({d.name})" if d.name else d.device for d in latest.devices)
+
+
+def _crossovers(state: ServiceState) -> list[str]:
+    latest = state.latest
+    if latest is None or not latest.crossovers:
+        return ["<p>None yet.</p>"]
+    head = "".join(f"<th>{h}</th>" for h in ("GPU", "CPU", "dtype", "mode", "state", "n*", "bracket", "measured"))
+    rows = [f"<table id='crossovers'><tr>{head}</tr>"]
+    measured = dict(latest.measured_at)
+    for c in latest.crossovers:
+        size = f"{c.size:.0f}" if c.state is CrossoverState.FOUND and c.size is not None else "–"
+        bracket = f"{c.lower:g} – {c.upper:g}" if c.lower is not None and c.upper is not None else "–"
+        when = _time(measured.get(c.gpu, latest.finished_at))
+        rows.append(
+            f"<tr><td>{_e(c.gpu)}</td><td>{_e(c.cpu)}</td><td>{_e(c.dtype)}</td><td>{_e(c.mode)}</td>"
+            f"<td class='{_e(c.state.value)}'>{_e(c.state.value)}</td><td>{size}</td><td>{bracket}</td>"
+            f"<td>{_e(when)}</td></tr>"
+        )
+    rows.append("</table>")
+    rows.extend(
+        f"<p class='withheld'>{_e(w.device)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
+        for w in latest.withheld
+    )
+    return rows
+
+
+def _runs(state: ServiceState, runs: Sequence[Run] | None) -> list[str]:
+    if runs is None:  # no history: the latest attempt is all there is
+        outcome = state.last_outcome
+        note = "<p>No run history (set history.directory): the latest run only.</p>"
+        if outcome is None:
+            return [note, "<p>None yet.</p>"]
+        runs = [_as_run(outcome)]
+        rows = [note]
+    else:
+        rows = []
+    if not runs:
+        return [*rows, "<p>None yet.</p>"]
+    rows.append("<table id='runs'><tr><th>started</th><th>took</th><th>kind</th><th>result</th><th>reason</th></tr>")
+    for run in runs:
+        took = f"{run.finished_at - run.started_at:.1f} s"
+        rows.append(
+            f"<tr><td>{_e(_time(run.started_at))}</td><td>{took}</td><td>{_e(run.kind)}</td>"
+            f"<td class='{_e(run.result)}'>{_e(run.result)}</td><td>{_e(run.reason)}</td></tr>"
+        )
+    rows.append("</table>")
+    return rows
+
+
+def _as_run(outcome: SweepOutcome) -> Run:
+    return Run(
+        kind="sweep",
+        started_at=outcome.started_at,
+        finished_at=outcome.finished_at,
+        result=outcome.result.value,
+        reason=outcome.reason,
+        devices=(),
+        crossovers=(),
+    )
+
+
+def plot_available() -> bool:
+    """Whether the plot extra is installed (looked up, not imported)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+class SweepPicture:
+    """The latest sweep's chart as SVG, drawn by a child process once per sweep."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._drawn: tuple[float, bytes] | None = None
+
+    def svg(self, state: ServiceState) -> bytes | None:
+        latest = state.latest
+        if latest is None or not plot_available():
+            return None
+        with self._lock:  # one drawing at a time; the others wait for it and take the same picture
+            if self._drawn is not None and self._drawn[0] == latest.finished_at:
+                return self._drawn[1]
+            outcome = SweepOutcome(
+                result=SweepResult.SUCCESS,
+                started_at=latest.started_at,
+                finished_at=latest.finished_at,
+                snapshot=latest,
+            )
+            with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
+                source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
+                source.write_text(render_json(outcome), encoding="utf-8")
+                try:
+                    done = subprocess.run(  # noqa: S603 - this interpreter and a path of our own
+                        [sys.executable, "-m", "monitor", "plot", "--from-json", str(source), str(chart)],
+                        capture_output=True,
+                        text=True,
+                        timeout=_PLOT_TIMEOUT_S,
+                        check=False,
+                    )
+                except subprocess.TimeoutExpired:
+                    log.warning("drawing the sweep's chart took too long; the page goes without it")
+                    return None
+                if done.returncode != 0:
+                    log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
+                    return None
+                picture = chart.read_bytes()
+            self._drawn = (latest.finished_at, picture)
+            return picture

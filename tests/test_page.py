@@ -1,0 +1,114 @@
+"""The landing page: rendered by a real headless Chromium from the running service, and escaped."""
+
+from __future__ import annotations
+
+import dataclasses
+import html.parser
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from monitor import page
+from monitor.model import ServiceState, Withheld, WithheldReason
+from monitor.settings import Settings
+from tests.conftest import tool
+from tests.service import RunningService, fake_config
+from tests.test_codec import SNAPSHOT
+
+
+class Elements(html.parser.HTMLParser):
+    """Every element's id and attributes, and the rows of each table (cell texts)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_id: dict[str, dict[str, str | None]] = {}
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table: str | None = None
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if found.get("id"):
+            self.by_id[str(found["id"])] = found
+        if tag == "table":
+            self._table = str(found.get("id"))
+            self.tables[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self.tables[self._table].append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self._cell is not None and self._table is not None:
+            self.tables[self._table][-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self._table = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def browse(url: str, profile: Path) -> str:
+    """The DOM after Chromium loaded ``url`` and its picture (and ran the page's handlers)."""
+    done = subprocess.run(
+        [
+            tool("chromium", "chromium"),
+            "--headless",
+            "--no-sandbox",  # as root in CI
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",  # the machine has no network: no stray connections
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path) -> None:
+    config = fake_config() + f"history: {{directory: {tmp_path / 'state'}}}\n"
+    service = RunningService(tmp_path, config)
+    try:
+        service.wait_for_sweeps("success")
+        dom = Elements()
+        dom.feed(browse(service.url + "/", tmp_path / "profile"))
+    finally:
+        service.stop()
+    settings = {row[0]: row[1] for row in dom.tables["settings"]}
+    assert settings["backend"] == "tests.fakes:curve"
+    assert settings["sizes"] == "16, 32, 64, 128"
+    assert "UTC (in " in settings["next run"]
+    header, *crossovers = dom.tables["crossovers"]
+    assert header[:5] == ["GPU", "CPU", "dtype", "mode", "state"]
+    assert {(row[3], row[4]) for row in crossovers} == {("compute", "found"), ("end_to_end", "found")}
+    assert all(float(row[5]) > 0 for row in crossovers)
+    header, *runs = dom.tables["runs"]
+    assert runs
+    assert runs[0][2:4] == ["sweep", "success"]
+    # The browser fetched the chart and could draw it (the image's onload ran, not its onerror).
+    assert dom.by_id["sweep"].get("data-shown") == "yes", dom.by_id["sweep"]
+
+
+def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
+    hostile = Withheld(
+        backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="<script>alert(1)</script>"
+    )
+    state = ServiceState(latest=dataclasses.replace(SNAPSHOT, withheld=(hostile,)))
+    rendered = page.render(Settings(), state, [], picture=False, now=0.0, version="x")
+    assert "<script>" not in rendered
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
+    assert "pip install 'crossover-monitor[plot]'" in rendered
+    assert "None yet." in rendered  # an empty history
