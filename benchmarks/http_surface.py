@@ -305,13 +305,13 @@ def reloads(checkout: Path, scratch: Path) -> dict[str, Any]:
         for index in range(20):
             service.config.write_text(f"benchmark: {{sizes: [{-index}]}}\n")
             service.process.send_signal(signal.SIGHUP)
-            time.sleep(0.3)
+            time.sleep(1.2)  # the service takes a reload request on its 1 s tick: one at a time
             status, body = service.get("/metrics")
             served_failures += status != 200 or b"matmul_crossover_size" not in body
         after_bad = service.get("/metrics")[1].decode()
         service.config.write_text(good.replace("[16, 32, 64, 128]", "[16, 32, 64]"))
         service.process.send_signal(signal.SIGHUP)
-        time.sleep(1)
+        time.sleep(5)  # the reload, and a sweep that began on the old plan ending meanwhile
         after_good = service.get("/metrics")[1].decode()
 
         def value(text: str, name: str) -> str:

@@ -264,6 +264,11 @@ class Service:
 
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
+        if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
+            bench = self._settings.benchmark
+            outcome = dataclasses.replace(
+                outcome, snapshot=trimmed(outcome.snapshot, sizes=bench.sizes, devices=bench.devices)
+            )
         fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         if retry:
             fields["result"] = self._store.record_retry(outcome).value
