@@ -79,7 +79,14 @@ class Service:
     def _start(self) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(self.checkout)}
         with self.log.open("ab") as log:
-            return subprocess.Popen(self.command, cwd=self.checkout, stdout=log, stderr=subprocess.STDOUT, env=env)
+            return subprocess.Popen(
+                self.command,
+                cwd=self.checkout,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_usual_file_limit,  # noqa: PLW1509 - only setrlimit, before exec
+            )
 
     def restart(self) -> None:
         self.process = self._start()
@@ -118,6 +125,12 @@ class Service:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def _usual_file_limit() -> None:
+    """The service gets the usual soft limit of 1024 open files, not this process's raised one."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -175,6 +188,7 @@ def abuse(service: Service, silent: int = 1000, slow: int = 1000, seconds: float
             refused += 1
     closed_after: list[float] = []
     failures, scraped, peak_files, peak_threads = 0, 0, 0, 0
+    sweeps_before = service.log.read_text().count("sweep finished result=success")
     began = time.monotonic()
     next_byte = began + 3
     while time.monotonic() - began < seconds:
@@ -208,7 +222,10 @@ def abuse(service: Service, silent: int = 1000, slow: int = 1000, seconds: float
         time.sleep(0.5)
     for sock, _, _ in held:
         sock.close()
+    logged = service.log.read_text()
     return {
+        "sweeps_succeeded_meanwhile": logged.count("sweep finished result=success") - sweeps_before,
+        "too_many_open_files_in_log": logged.count("Too many open files"),
         "connections_opened": silent + slow - refused,
         "connect_failed": refused,
         "normal_scrapes": scraped,

@@ -150,7 +150,7 @@ def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str
     No GPU here: a sweep with the image's TensorFlow times the CPU and reports a CUDA build.
     """
     assert podman("inspect", "--format={{.Config.User}}", gpu_image).stdout.strip() == UID_GID
-    assert "healthz" in podman("inspect", "--format={{.Config.Healthcheck.Test}}", gpu_image).stdout
+    assert "healthz" in podman("image", "inspect", "--format={{json .HealthCheck}}", gpu_image).stdout
     config = tmp_path / "config.yaml"
     config.write_text("benchmark: {sizes: [16, 64], modes: [compute]}\n")
     done = podman(
