@@ -141,6 +141,7 @@ class Service:
                 if enable_lifecycle
                 else None,
                 landing=self._landing_page,
+                freshness=lambda: (self._store.read(), self._scheduler.next_run_at()),
                 picture=lambda: self._picture.svg(self._store.read()),
             )
         except OSError as exc:

@@ -102,6 +102,7 @@ class HttpServer:
     ) -> None:
         self._handler = handler
         self._tick = tick
+        self._last_gzip: tuple[bytes, bytes] | None = None
         self._limits = limits or HttpLimits()
         self._extra_headers = extra_headers
         self._tls = tls
@@ -117,7 +118,9 @@ class HttpServer:
                     self._serve,
                     host,
                     port,
-                    backlog=1024,
+                    # Also how many connections asyncio accepts per loop turn: 128 lets admission evict
+                    # between bursts, so a flood of connections cannot take every file descriptor at once.
+                    backlog=128,
                     ssl=tls,
                     ssl_handshake_timeout=self._limits.handshake_timeout_s if tls else None,
                 )
@@ -284,12 +287,21 @@ class HttpServer:
             return Response(status=500, body=b"internal error; see the service log\n")
         accepts = request.header("accept-encoding") or ""
         if len(response.body) >= _GZIP_MIN_BYTES and "gzip" in accepts.lower():
-            compressed = gzip.compress(response.body, compresslevel=5, mtime=0)
+            compressed = self._gzipped(response.body)
             headers = (*response.headers, ("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding"))
             return Response(
                 status=response.status, body=compressed, content_type=response.content_type, headers=headers
             )
         return response
+
+    def _gzipped(self, body: bytes) -> bytes:
+        """gzip of ``body``; the latest one is kept, since many scrapers get the same cached body."""
+        last = self._last_gzip
+        if last is not None and last[0] is body:
+            return last[1]
+        compressed = gzip.compress(body, compresslevel=5, mtime=0)
+        self._last_gzip = (body, compressed)
+        return compressed
 
     async def _send(
         self, protocol: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, head: bool

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,11 +51,13 @@ class MetricsServer:
         lifecycle: Lifecycle | None = None,
         landing: Callable[[], str] | None = None,
         picture: Callable[[], bytes | None] | None = None,
+        freshness: Callable[[], tuple[object, ...]] | None = None,
         limits: HttpLimits | None = None,
     ) -> None:
         gate = web or WebGate(None)
+        metrics = _MetricsCache(registry, freshness)
         gets: dict[str, Callable[[Request], Response]] = {
-            "/metrics": lambda request: _metrics(registry, request),
+            "/metrics": metrics.response,
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
             "/": lambda _: Response(
@@ -112,13 +115,45 @@ def _svg(drawn: bytes | None) -> Response:
     return Response(status=200, body=drawn, content_type="image/svg+xml")
 
 
-def _metrics(registry: Registry, request: Request) -> Response:
-    try:
-        body, content_type = render(registry, request.header("accept"))
-    except Exception:  # a bug in rendering must answer 500, not drop the connection
-        log.exception("rendering /metrics failed")
-        return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
-    return Response(status=200, body=body, content_type=content_type)
+class _MetricsCache:
+    """/metrics rendered once per state, not once per scrape.
+
+    ``freshness`` returns a token whose first item is the state object the metrics come from (compared
+    by identity: the service replaces it whole on every change) and the rest anything else they show
+    (the next sweep's time). Fifty scrapers at once then cost one rendering, not fifty.
+    """
+
+    def __init__(self, registry: Registry, freshness: Callable[[], tuple[object, ...]] | None) -> None:
+        self._registry = registry
+        self._freshness = freshness
+        self._lock = threading.Lock()
+        self._token: tuple[object, ...] | None = None
+        self._bodies: dict[str, Response] = {}  # by Accept header
+
+    def response(self, request: Request) -> Response:
+        accept = request.header("accept") or ""
+        token = self._freshness() if self._freshness is not None else None
+        with self._lock:
+            fresh = token is not None and self._token is not None and _same(token, self._token)
+            cached = self._bodies.get(accept) if fresh else None
+        if cached is not None:
+            return cached
+        try:
+            body, content_type = render(self._registry, accept)
+        except Exception:  # a bug in rendering must answer 500, not drop the connection
+            log.exception("rendering /metrics failed")
+            return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
+        response = Response(status=200, body=body, content_type=content_type)
+        if token is not None:
+            with self._lock:
+                if self._token is None or not _same(token, self._token):
+                    self._token, self._bodies = token, {}
+                self._bodies[accept] = response
+        return response
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and a[0] is b[0] and a[1:] == b[1:]
 
 
 def _probe(probe: Probe) -> Response:

@@ -63,3 +63,34 @@ def test_head_answers_like_get_without_a_body(path: str) -> None:
         connection.close()
     finally:
         server.stop()
+
+
+def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
+    """Scrapes of an unchanged state share one rendering; a new state (or next-sweep time) renders again."""
+    reads: list[int] = []
+    current = [ServiceState()]
+
+    def read_state() -> ServiceState:
+        reads.append(1)
+        return current[0]
+
+    registry = build_registry(read_state, backend="tensorflow", framework_version="2.16.1")
+    server = MetricsServer(
+        "127.0.0.1",
+        0,
+        registry,
+        healthy=lambda: (True, "ok"),
+        ready=lambda: (True, "ok"),
+        freshness=lambda: (current[0], 1.0),
+    )
+    server.start()
+    try:
+        host, port = server.address
+        bodies = {http_get(f"http://{host}:{port}/metrics")[2] for _ in range(5)}
+        assert (len(bodies), len(reads)) == (1, 1)
+        current[0] = ServiceState(next_sweep_at=123.0)
+        changed = http_get(f"http://{host}:{port}/metrics")[2]
+        assert len(reads) == 2
+        assert "matmul_sweep_next_timestamp_seconds 123.0" in changed
+    finally:
+        server.stop()
