@@ -173,12 +173,18 @@ def scrapes(service: Service, clients: int = 50, each: int = 100) -> dict[str, A
     }
 
 
-def abuse(service: Service, silent: int = 1000, slow: int = 1000, seconds: float = 30) -> dict[str, Any]:
-    held: list[tuple[socket.socket, float, bool]] = []  # (socket, opened at, slowloris?)
+Held = list[tuple[socket.socket, float, bool]]  # (socket, opened at, slowloris?)
+
+
+def open_clients(service: Service, silent: int, slow: int) -> tuple[Held, int]:
+    """``silent`` connections that send nothing and ``slow`` ones that start a request; and how many failed."""
+    held: Held = []
     refused = 0
     for index in range(silent + slow):
+        if refused >= 20:  # the server stopped accepting: the kernel's queue is full (a 1 s timeout each)
+            return held, refused + silent + slow - index
         try:
-            sock = socket.create_connection(("127.0.0.1", service.port), timeout=5)
+            sock = socket.create_connection(("127.0.0.1", service.port), timeout=1)
             sock.settimeout(0.0)  # non-blocking
             trickles = index >= silent
             if trickles:
@@ -186,6 +192,11 @@ def abuse(service: Service, silent: int = 1000, slow: int = 1000, seconds: float
             held.append((sock, time.monotonic(), trickles))
         except OSError:
             refused += 1
+    return held, refused
+
+
+def abuse(service: Service, silent: int = 1000, slow: int = 1000, seconds: float = 30) -> dict[str, Any]:
+    held, refused = open_clients(service, silent, slow)
     closed_after: list[float] = []
     failures, scraped, peak_files, peak_threads = 0, 0, 0, 0
     sweeps_before = service.log.read_text().count("sweep finished result=success")
