@@ -9,9 +9,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor.metrics import build_registry
+from monitor.model import ServiceState
+from monitor.server import MetricsServer
 from tests.conftest import REPO, free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -87,6 +91,16 @@ class RunningService:
         status = stop_process(self.process)
         self._log_file.close()
         return status
+
+
+def started_server(read_state: Callable[[], ServiceState], **options: Any) -> MetricsServer:
+    """A MetricsServer on a free loopback port, alive and ready, serving ``read_state``; started."""
+    registry = build_registry(read_state, backend="torch", framework_version="")
+    server = MetricsServer(
+        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), **options
+    )
+    server.start()
+    return server
 
 
 def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str, str]:

@@ -9,7 +9,7 @@ import pytest
 from monitor.metrics import build_registry
 from monitor.model import ServiceState
 from monitor.server import MetricsServer
-from tests.service import http_get
+from tests.service import http_get, started_server
 
 
 def _broken_state() -> ServiceState:
@@ -74,16 +74,7 @@ def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
         reads.append(1)
         return current[0]
 
-    registry = build_registry(read_state, backend="tensorflow", framework_version="2.16.1")
-    server = MetricsServer(
-        "127.0.0.1",
-        0,
-        registry,
-        healthy=lambda: (True, "ok"),
-        ready=lambda: (True, "ok"),
-        freshness=lambda: (current[0], 1.0),
-    )
-    server.start()
+    server = started_server(read_state, freshness=lambda: (current[0], 1.0))
     try:
         host, port = server.address
         bodies = {http_get(f"http://{host}:{port}/metrics")[2] for _ in range(5)}

@@ -18,12 +18,11 @@ import bcrypt
 import pytest
 
 from monitor.errors import ConfigError
-from monitor.metrics import build_registry
 from monitor.model import ServiceState
 from monitor.server import Lifecycle, MetricsServer
 from monitor.webconfig import WebGate, parse
 from tests.conftest import tool
-from tests.service import RunningService, fake_config
+from tests.service import RunningService, fake_config, started_server
 
 PASSWORD = "s3cret-for-tests"  # noqa: S105 - a test credential, hashed at run time
 
@@ -81,18 +80,7 @@ def https_get(
 
 
 def serve(gate: WebGate, lifecycle: Lifecycle | None = None) -> MetricsServer:
-    registry = build_registry(ServiceState, backend="torch", framework_version="")
-    server = MetricsServer(
-        "127.0.0.1",
-        0,
-        registry,
-        healthy=lambda: (True, "ok"),
-        ready=lambda: (True, "ok"),
-        web=gate,
-        lifecycle=lifecycle,
-    )
-    server.start()
-    return server
+    return started_server(ServiceState, web=gate, lifecycle=lifecycle)
 
 
 @pytest.fixture
