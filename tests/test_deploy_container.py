@@ -168,7 +168,8 @@ def test_healthcheck_asks_healthz_on_the_exporter_port(dockerfile: Path) -> None
     """The HEALTHCHECK runs Python (slim has no curl) against /healthz on the port the image exposes."""
     command = healthcheck_command(dockerfile)
     assert command[:2] == ["python", "-c"]
-    assert f"http://127.0.0.1:{DEFAULT_PORT}/healthz" in command[2]
+    assert f"://127.0.0.1:{DEFAULT_PORT}/healthz" in command[2]
+    assert "('http', 'https')" in command[2]  # plain, or TLS from a web config
 
 
 class _Health(http.server.BaseHTTPRequestHandler):

@@ -23,6 +23,7 @@ from monitor.server import Lifecycle, MetricsServer
 from monitor.webconfig import WebGate, parse
 from tests.conftest import tool
 from tests.service import RunningService, fake_config, started_server
+from tests.test_deploy_container import run_healthcheck
 
 PASSWORD = "s3cret-for-tests"  # noqa: S105 - a test credential, hashed at run time
 
@@ -151,6 +152,12 @@ def test_tls_with_basic_auth_and_open_probes(
     assert https_get(port, "/healthz", pki)[0] == 200  # probes need no credentials
     with pytest.raises(ssl.SSLError):  # and plain HTTP gets no answer from a TLS port
         ssl.create_default_context().wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="x")
+
+
+def test_the_images_healthcheck_passes_over_tls(tls_server: tuple[MetricsServer, Path]) -> None:
+    """The Dockerfile's HEALTHCHECK finds /healthz over HTTPS when a web config turns TLS on."""
+    server, _ = tls_server
+    assert run_healthcheck(server.address[1]) == 0
 
 
 def test_a_client_that_never_handshakes_blocks_nobody(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
