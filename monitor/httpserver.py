@@ -102,6 +102,8 @@ class HttpServer:
     ) -> None:
         self._handler = handler
         self._tick = tick
+        self._stop_lock = threading.Lock()
+        self._stopped = False
         self._last_gzip: tuple[bytes, bytes] | None = None
         self._limits = limits or HttpLimits()
         self._extra_headers = extra_headers
@@ -154,7 +156,17 @@ class HttpServer:
             await asyncio.sleep(1.0)
 
     def stop(self) -> None:
-        """Stop accepting, let answers in progress finish (up to stop_timeout), close the rest."""
+        """Stop accepting, let answers in progress finish (up to stop_timeout), close the rest.
+
+        Safe to call more than once and from several threads at once (a signal's stop and a caller's).
+        """
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._stop()
+
+    def _stop(self) -> None:
         if self._thread.is_alive():
             done = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
             with contextlib.suppress(Exception):

@@ -187,3 +187,23 @@ def test_stop_leaves_no_task_behind(slow: Slow, caplog: pytest.LogCaptureFixture
         gc.collect()  # asyncio reports a task left pending when the task is collected
     assert ticks, "the tick never ran"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_stop_from_two_threads_at_once_is_safe(slow: Slow) -> None:
+    """The service's signal path and its caller may both stop the server: neither raises."""
+    server = HttpServer("127.0.0.1", 0, slow, limits=LIMITS)
+    server.start()
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            server.stop()
+        except BaseException as exc:  # any exception is the failure this test looks for
+            errors.append(exc)
+
+    stoppers = [threading.Thread(target=stop) for _ in range(4)]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join(10)
+    assert errors == []

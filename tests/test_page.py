@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import html.parser
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from monitor import page
-from monitor.model import ServiceState, Withheld, WithheldReason
+from monitor.history import Run
+from monitor.model import ServiceState, SweepOutcome, SweepResult, Withheld, WithheldReason
 from monitor.settings import Settings
 from tests.conftest import tool
 from tests.service import RunningService, fake_config
@@ -112,3 +114,42 @@ def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
     assert "pip install 'crossover-monitor[plot]'" in rendered
     assert "None yet." in rendered  # an empty history
+
+
+def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
+    run = Run(
+        kind="retry",
+        started_at=10.0,
+        finished_at=14.5,
+        result="failed",
+        reason="the worker exited (status 1)",
+        devices=(),
+        crossovers=(),
+    )
+    parsed = Elements()
+    parsed.feed(page.render(Settings(), ServiceState(latest=SNAPSHOT), [run], picture=True, now=0.0, version="x"))
+    assert parsed.tables["runs"][1] == ["1970-01-01 00:00:10 UTC", "4.5 s", "retry", "failed", run.reason]
+    assert parsed.by_id["sweep"]["src"] == "/sweep.svg"
+    outcome = SweepOutcome(result=SweepResult.TIMEOUT, started_at=1.0, finished_at=601.0, reason="deadline passed")
+    alone = Elements()
+    alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=False, now=0.0, version="x"))
+    assert alone.tables["runs"][1][2:] == ["sweep", "timeout", "deadline passed"]
+
+
+@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
+def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
+    picture = page.SweepPicture()
+    state = ServiceState(latest=SNAPSHOT)
+    drawn = picture.svg(state)
+    assert drawn is not None
+    assert b"<svg" in drawn
+    assert picture.svg(state) is drawn  # the same sweep: kept, not drawn again
+    assert picture.svg(ServiceState()) is None  # no sweep, no picture
+    # Drawing it leaves matplotlib out of the process that asked (the daemon).
+    probe = (
+        "import sys; from monitor.page import SweepPicture; from monitor.model import ServiceState; "
+        "from tests.test_codec import SNAPSHOT; assert SweepPicture().svg(ServiceState(latest=SNAPSHOT)); "
+        "print('matplotlib' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert done.stdout.strip() == "False"
