@@ -108,6 +108,7 @@ class Service:
         gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
         self._history = open_history(settings)
         self._picture = SweepPicture()
+        self._remember_lock = threading.Lock()
         self._store = StateStore(restored_state(self._history, settings))
         self._store.record_config(loaded=True, at=time.time())
         self._stopping = threading.Event()
@@ -251,7 +252,10 @@ class Service:
     def _remember(self, kind: str, outcome: SweepOutcome | None, reason: str = "") -> None:
         """The run and what is served now, into the history (when there is one)."""
         if self._history is not None:
-            self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
+            # Read and written together: a skip recorded from the scheduler's thread while a sweep ends
+            # cannot leave an older served state as the latest row.
+            with self._remember_lock:
+                self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
 
     def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
         bench = self._settings.benchmark

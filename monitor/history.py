@@ -101,8 +101,12 @@ class RunHistory:
         if problem is not None:
             aside = path.with_name(f"{FILE_NAME}.bad-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
             for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:  # a read-only directory, say: run without a history, say why
+                    raise HistoryUnavailable(f"{path} {problem}, and it cannot be moved aside: {exc}") from None
             log.warning(f"run history: {path} {problem}; moved it to {aside.name} and started a new history")
         try:
             history = cls(path, keep_runs)

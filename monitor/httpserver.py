@@ -7,14 +7,14 @@ not the standard library's ThreadingHTTPServer, uvicorn or cheroot.
 What a client cannot do to it (``HttpLimits``):
 
 - hold a connection without finishing a request: the whole request head must arrive within
-  ``request_timeout`` of the connection (or of the previous response, for a kept-alive one), however
-  slowly it trickles in; a silent or slowloris client is closed at that deadline;
+  ``request_timeout`` of the connection (a kept-alive one: within ``idle_timeout`` of the previous
+  response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
 - exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
   oldest connection still waiting for its request head (a silent or slow client, or an idle kept-alive
   one), and gets 503 only when every connection is busy being answered; handlers run on ``workers``
   threads, whatever the number of clients;
-- stall others with TLS: handshakes run in the event loop, never on the accept path, and are cut off
-  after ``handshake_timeout``;
+- stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
+  count against ``max_connections`` and are cut off after ``handshake_timeout``;
 - send an oversized head or body: 431 / 413.
 """
 
@@ -45,6 +45,7 @@ class HttpLimits:
     request_timeout_s: float = 10.0
     idle_timeout_s: float = 60.0  # a kept-alive connection's wait for its next request (Prometheus reuses them)
     handshake_timeout_s: float = 10.0
+    write_timeout_s: float = 30.0  # for an answer to leave: a client that does not read is dropped after it
     max_connections: int = 256
     max_header_bytes: int = 16384
     max_body_bytes: int = 65536
@@ -96,7 +97,7 @@ class HttpServer:
         handler: Handler,
         *,
         limits: HttpLimits | None = None,
-        tls: ssl.SSLContext | None = None,
+        tls: Callable[[], ssl.SSLContext] | None = None,
         extra_headers: Callable[[], Iterable[tuple[str, str]]] = tuple,
         tick: Callable[[], None] | None = None,
     ) -> None:
@@ -123,8 +124,6 @@ class HttpServer:
                     # Also how many connections asyncio accepts per loop turn: 128 lets admission evict
                     # between bursts, so a flood of connections cannot take every file descriptor at once.
                     backlog=128,
-                    ssl=tls,
-                    ssl_handshake_timeout=self._limits.handshake_timeout_s if tls else None,
                 )
             )
         except OSError:
@@ -213,14 +212,39 @@ class HttpServer:
                 await writer.drain()
             writer.transport.abort()
             return
+        self._waiting[connection] = None  # a TLS handshake counts, and may be evicted, like a silent client
         try:
+            if self._tls is not None:
+                # After admission, not on accept: handshakes are counted and bounded like any connection,
+                # and each takes the context in force now (renewed certificates, CAs, versions).
+                await self._start_tls(writer, self._tls())
             await self._conversation(connection, reader, writer)
-        except (OSError, asyncio.IncompleteReadError, h11.LocalProtocolError):
-            pass  # the client went away or broke the protocol mid-answer: nothing to tell it
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, h11.LocalProtocolError):
+            pass  # the client went away, failed its handshake or broke the protocol: nothing to tell it
         finally:
             self._waiting.pop(connection, None)
             self._connections.discard(connection)
-            writer.transport.abort()
+            await self._close(writer)
+
+    async def _start_tls(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> None:
+        plain = writer.transport
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=self._limits.handshake_timeout_s)
+        except BaseException:
+            if writer.transport is None:  # CPython 3.11 leaves none after a failed handshake; its __del__ then
+                writer._transport = plain  # noqa: SLF001 - complains on stderr
+            raise
+
+    async def _close(self, writer: asyncio.StreamWriter) -> None:
+        """Close after what was written has gone out (abort would drop it); abort if that does not happen soon."""
+        if writer.transport is None:  # a failed TLS handshake took the connection with it
+            return
+        try:
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), self._limits.write_timeout_s)
+        except Exception:  # noqa: BLE001 - any failure to close gracefully ends in the same abort
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
 
     async def _conversation(
         self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -297,8 +321,7 @@ class HttpServer:
         except Exception:  # a bug in a handler answers 500; it must not take the connection or the server
             log.exception("handling %s %s failed", request.method, request.path)
             return Response(status=500, body=b"internal error; see the service log\n")
-        accepts = request.header("accept-encoding") or ""
-        if len(response.body) >= _GZIP_MIN_BYTES and "gzip" in accepts.lower():
+        if len(response.body) >= _GZIP_MIN_BYTES and _accepts_gzip(request.header("accept-encoding") or ""):
             compressed = self._gzipped(response.body)
             headers = (*response.headers, ("Content-Encoding", "gzip"), ("Vary", "Accept-Encoding"))
             return Response(
@@ -331,7 +354,7 @@ class HttpServer:
             out += protocol.send(h11.Data(data=response.body)) or b""
         out += protocol.send(h11.EndOfMessage()) or b""
         writer.write(out)
-        await asyncio.wait_for(writer.drain(), self._limits.request_timeout_s)
+        await asyncio.wait_for(writer.drain(), self._limits.write_timeout_s)
 
 
 def _plain_error(status: int, message: str) -> bytes:
@@ -343,3 +366,16 @@ def _plain_error(status: int, message: str) -> bytes:
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+def _accepts_gzip(header: str) -> bool:
+    """Whether Accept-Encoding allows gzip (``gzip;q=0`` refuses it)."""
+    for item in header.lower().split(","):
+        name, _, params = item.strip().partition(";")
+        if name.strip() in ("gzip", "*"):
+            quality = params.strip().removeprefix("q=")
+            try:
+                return not params.strip().startswith("q=") or float(quality) > 0
+            except ValueError:
+                return False
+    return False

@@ -375,6 +375,11 @@ def build_registry(
     return registry
 
 
+def exposition_type(accept_header: str | None) -> str:
+    """The content type ``render`` answers an Accept header with (one per exposition format)."""
+    return str(choose_encoder(accept_header or "")[1])
+
+
 def render(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
     """The exposition body and its content type, in the format the scraper asked for."""
     encoder, content_type = choose_encoder(accept_header or "")

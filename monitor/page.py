@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from monitor.history import Run
-from monitor.model import CrossoverState, ServiceState, SweepOutcome, SweepResult
+from monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, SweepResult
 from monitor.report import render_json
 from monitor.settings import Settings
 
@@ -173,7 +173,7 @@ class SweepPicture:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._drawn: tuple[float, bytes] | None = None
+        self._drawn: tuple[float, bytes | None] | None = None  # (sweep's end, picture or None: failed)
 
     def svg(self, state: ServiceState) -> bytes | None:
         latest = state.latest
@@ -182,29 +182,28 @@ class SweepPicture:
         with self._lock:  # one drawing at a time; the others wait for it and take the same picture
             if self._drawn is not None and self._drawn[0] == latest.finished_at:
                 return self._drawn[1]
-            outcome = SweepOutcome(
-                result=SweepResult.SUCCESS,
-                started_at=latest.started_at,
-                finished_at=latest.finished_at,
-                snapshot=latest,
-            )
-            with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
-                source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
-                source.write_text(render_json(outcome), encoding="utf-8")
-                try:
-                    done = subprocess.run(  # noqa: S603 - this interpreter and a path of our own
-                        [sys.executable, "-m", "monitor", "plot", "--from-json", str(source), str(chart)],
-                        capture_output=True,
-                        text=True,
-                        timeout=_PLOT_TIMEOUT_S,
-                        check=False,
-                    )
-                except subprocess.TimeoutExpired:
-                    log.warning("drawing the sweep's chart took too long; the page goes without it")
-                    return None
-                if done.returncode != 0:
-                    log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
-                    return None
-                picture = chart.read_bytes()
-            self._drawn = (latest.finished_at, picture)
+            picture = self._draw(latest)
+            self._drawn = (latest.finished_at, picture)  # a failure too: not tried again for this sweep
             return picture
+
+    @staticmethod
+    def _draw(latest: Snapshot) -> bytes | None:
+        outcome = SweepOutcome(
+            result=SweepResult.SUCCESS, started_at=latest.started_at, finished_at=latest.finished_at, snapshot=latest
+        )
+        with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
+            source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
+            source.write_text(render_json(outcome), encoding="utf-8")
+            # -P: never a "monitor" from the working directory instead of this one.
+            command = [sys.executable, "-P", "-m", "monitor", "plot", "--from-json", str(source), str(chart)]
+            try:
+                done = subprocess.run(  # noqa: S603 - this interpreter and paths of our own
+                    command, capture_output=True, text=True, timeout=_PLOT_TIMEOUT_S, check=False
+                )
+            except subprocess.TimeoutExpired:
+                log.warning("drawing the sweep's chart took too long; the page goes without it")
+                return None
+            if done.returncode != 0:
+                log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
+                return None
+            return chart.read_bytes()

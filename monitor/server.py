@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from monitor.httpserver import HttpLimits, HttpServer, Request, Response
-from monitor.metrics import Registry, render
+from monitor.metrics import Registry, exposition_type, render
 from monitor.webconfig import WebGate
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,13 @@ class MetricsServer:
 
         # Raises OSError if the address is taken.
         self._http = HttpServer(
-            host, port, handle, limits=limits, tls=gate.tls_context, extra_headers=gate.headers, tick=gate.refresh
+            host,
+            port,
+            handle,
+            limits=limits,
+            tls=gate.tls_context if gate.tls else None,
+            extra_headers=gate.headers,
+            tick=gate.refresh,
         )
 
     @property
@@ -128,14 +134,15 @@ class _MetricsCache:
         self._freshness = freshness
         self._lock = threading.Lock()
         self._token: tuple[object, ...] | None = None
-        self._bodies: dict[str, Response] = {}  # by Accept header
+        self._bodies: dict[str, Response] = {}  # by exposition format: a few at most, whatever clients send
 
     def response(self, request: Request) -> Response:
         accept = request.header("accept") or ""
+        kind = exposition_type(accept)
         token = self._freshness() if self._freshness is not None else None
         with self._lock:
             fresh = token is not None and self._token is not None and _same(token, self._token)
-            cached = self._bodies.get(accept) if fresh else None
+            cached = self._bodies.get(kind) if fresh else None
         if cached is not None:
             return cached
         try:
@@ -148,7 +155,7 @@ class _MetricsCache:
             with self._lock:
                 if self._token is None or not _same(token, self._token):
                     self._token, self._bodies = token, {}
-                self._bodies[accept] = response
+                self._bodies[kind] = response
         return response
 
 

@@ -76,6 +76,8 @@ _TLS_KEYS = {
 }
 _UNSUPPORTED_TLS_KEYS = ("cipher_suites", "curve_preferences", "client_allowed_sans", "cert", "key")
 _CACHE_SIZE = 256
+# Checked against for unknown users, so that they cost as much as known ones (exporter-toolkit does the same).
+_DUMMY_HASH = bcrypt.hashpw(b"crossover-monitor: no such user", bcrypt.gensalt(rounds=10))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,11 +224,16 @@ def _headers(value: Any, problems: list[Problem]) -> tuple[tuple[str, str], ...]
             problems.append(
                 Problem(f"http_server_config.headers.{header}", f"not settable (choose from {', '.join(_HEADERS)})")
             )
-        elif not isinstance(text, str) or "\n" in text or "\r" in text:
-            problems.append(Problem(f"http_server_config.headers.{header}", "must be a one-line string"))
+        elif isinstance(text, (dict, list)) or text is None or not _field_value(str(text)):
+            problems.append(Problem(f"http_server_config.headers.{header}", "must be one line of ASCII text"))
         else:
-            found.append((canonical, text))
+            found.append((canonical, str(text)))  # X-XSS-Protection: 0 is read by YAML as a number
     return tuple(found)
+
+
+def _field_value(text: str) -> bool:
+    """Whether ``text`` can be an HTTP header value (visible ASCII, spaces and tabs)."""
+    return all(char == "\t" or " " <= char <= "~" for char in text)
 
 
 def context(files: TlsFiles) -> ssl.SSLContext:
@@ -251,11 +258,20 @@ class WebGate:
         self._verified: dict[tuple[str, bytes], bool] = {}
         self._config = parse(path) if path is not None else WebConfig(tls=None, users={}, headers=())
         self._stamps = self._files_stamp()
-        self.tls_context = context(self._config.tls) if self._config.tls is not None else None
+        self._tls_context = context(self._config.tls) if self._config.tls is not None else None
+        # bcrypt runs on the HTTP handler threads: at most two at once, so failing logins cannot take
+        # the threads that answer the probes (a success is cached and costs no bcrypt after the first).
+        self._bcrypt_slots = threading.BoundedSemaphore(2)
 
     @property
     def tls(self) -> bool:
-        return self.tls_context is not None
+        return self._tls_context is not None
+
+    def tls_context(self) -> ssl.SSLContext:
+        """The TLS context in force now; a reload builds a new one rather than changing this one in use."""
+        with self._lock:
+            assert self._tls_context is not None  # noqa: S101 - asked only when TLS is on
+            return self._tls_context
 
     @property
     def auth(self) -> bool:
@@ -289,20 +305,17 @@ class WebGate:
         self._stamps = stamps
         try:
             config = parse(self._path)
-            if (config.tls is None) != (self.tls_context is None):
+            if (config.tls is None) != (self._tls_context is None):
                 log.error("web config: turning TLS on or off takes a restart; the running configuration stays")
                 return
-            if config.tls is not None and self.tls_context is not None:
-                # Loaded into the same context: every new connection's handshake uses it from now on.
-                self.tls_context.load_cert_chain(config.tls.cert_file, config.tls.key_file)
-                self.tls_context.verify_mode = config.tls.verify
-                if config.tls.client_ca_file is not None:
-                    self.tls_context.load_verify_locations(cafile=config.tls.client_ca_file)
+            # A whole new context: a removed client CA or a changed version takes effect too.
+            fresh = context(config.tls) if config.tls is not None else None
         except (ConfigError, OSError, ssl.SSLError) as exc:
             log.error(f"web config: the change was refused; the running configuration stays: {exc}")  # noqa: TRY400 - a user's file: no traceback
             return
         with self._lock:
             self._config = config
+            self._tls_context = fresh
             self._verified.clear()
         self._stamps = self._files_stamp()  # the new set of files, if the file now names others
         log.info("web config reloaded", extra={"web_config": str(self._path)})
@@ -314,7 +327,8 @@ class WebGate:
             return True
         user, password = _basic(authorization)
         hashed = users.get(user) if user is not None else None
-        if hashed is not None and password is not None and self._check(user or "", password, hashed):
+        # An unknown user costs the same bcrypt as a known one: the answer's time does not say which exist.
+        if password is not None and self._check(user or "", password, hashed or _DUMMY_HASH) and hashed is not None:
             return True
         who = "no credentials" if user is None else f"user {user!r}" + ("" if hashed is not None else " (unknown)")
         log.warning("unauthorized request", extra={"peer": peer, "path": path, "credentials": who})
@@ -327,7 +341,14 @@ class WebGate:
         with self._lock:
             if self._verified.get(key):
                 return True
-        ok = bcrypt.checkpw(password, hashed)
+        if not self._bcrypt_slots.acquire(blocking=False):
+            return False  # two checks already running: refused (logged by the caller) rather than queued
+        try:
+            ok = bcrypt.checkpw(password, hashed)
+        except ValueError:  # e.g. a password over bcrypt's 72 bytes: a failed login, not a 500
+            ok = False
+        finally:
+            self._bcrypt_slots.release()
         if ok:
             with self._lock:
                 if len(self._verified) >= _CACHE_SIZE:

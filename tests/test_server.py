@@ -79,6 +79,10 @@ def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
         host, port = server.address
         bodies = {http_get(f"http://{host}:{port}/metrics")[2] for _ in range(5)}
         assert (len(bodies), len(reads)) == (1, 1)
+        # Any number of Accept variants share the few exposition formats: no body per header.
+        for index in range(20):
+            http_get(f"http://{host}:{port}/metrics", {"Accept": f"text/plain;x={index}"})
+        assert len(reads) == 1
         current[0] = ServiceState(next_sweep_at=123.0)
         changed = http_get(f"http://{host}:{port}/metrics")[2]
         assert len(reads) == 2

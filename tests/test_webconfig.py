@@ -18,6 +18,7 @@ import bcrypt
 import pytest
 
 from monitor.errors import ConfigError
+from monitor.httpserver import HttpLimits, HttpServer, Response
 from monitor.model import ServiceState
 from monitor.server import Lifecycle, MetricsServer
 from monitor.webconfig import WebGate, parse
@@ -111,7 +112,7 @@ tls_server_config:
   client_auth_type: RequireAnyClientCert
   min_version: TLS9
   cipher_suites: [TLS_AES_128_GCM_SHA256]
-http_server_config: {headers: {Server: nginx}}
+http_server_config: {headers: {Server: nginx, Content-Security-Policy: "default-src ‘self’", X-XSS-Protection: 0}}
 basic_auth_users: {alice: plaintext}
 extra: 1
 """,
@@ -126,6 +127,7 @@ extra: 1
         "tls_server_config.min_version: unknown 'TLS9'",
         "tls_server_config.cipher_suites: not supported by this server",
         "http_server_config.headers.Server: not settable",
+        "http_server_config.headers.Content-Security-Policy: must be one line of ASCII text",
         "basic_auth_users.alice: must be a bcrypt hash",
         "extra: unknown key",
     ):
@@ -150,6 +152,8 @@ def test_tls_with_basic_auth_and_open_probes(
     assert "unauthorized request" in caplog.text
     assert "wrong-password" not in caplog.text
     assert https_get(port, "/healthz", pki)[0] == 200  # probes need no credentials
+    assert https_get(port, "/metrics", pki, authorization=basic("prometheus", "x" * 100))[0] == 401  # not 500
+    assert https_get(port, "/metrics", pki, authorization=basic("nobody", PASSWORD))[0] == 401
     with pytest.raises(ssl.SSLError):  # and plain HTTP gets no answer from a TLS port
         ssl.create_default_context().wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="x")
 
@@ -172,6 +176,29 @@ def test_a_client_that_never_handshakes_blocks_nobody(tls_server: tuple[MetricsS
     assert time.monotonic() - began < 5, "TLS scrapes waited on the stuck clients"
     for sock in (*stuck, half):
         sock.close()
+
+
+def test_tls_handshakes_count_against_the_connection_limit(pki: Path, tmp_path: Path) -> None:
+    """Clients that connect and never handshake are admitted, counted and evicted like silent ones."""
+    config = write_config(
+        tmp_path, f"tls_server_config: {{cert_file: {pki / 'server.crt'}, key_file: {pki / 'server.key'}}}\n"
+    )
+    gate = WebGate(config)
+    limits = HttpLimits(max_connections=5, handshake_timeout_s=5)
+    server = HttpServer(
+        "127.0.0.1", 0, lambda _: Response(status=200, body=b"ok\n"), limits=limits, tls=gate.tls_context
+    )
+    server.start()
+    try:
+        port = server.address[1]
+        stuck = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+        time.sleep(0.5)
+        assert server.connections <= limits.max_connections
+        assert https_get(port, "/", pki)[0] == 200  # a real client still gets in, evicting a stuck one
+        for sock in stuck:
+            sock.close()
+    finally:
+        server.stop()
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
