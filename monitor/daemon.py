@@ -18,7 +18,7 @@ from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
-from monitor.model import RETRIED_REASONS, ServiceState, SweepOutcome, SweepResult
+from monitor.model import RETRIED_REASONS, ServiceState, Snapshot, SweepOutcome, SweepResult
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
@@ -65,6 +65,11 @@ def open_history(settings: Settings) -> RunHistory | None:
         return None
 
 
+def asked_for(snapshot: Snapshot, settings: Settings) -> Snapshot:
+    """The snapshot without the sizes and devices ``settings`` no longer ask for (after a reload or a restart)."""
+    return trimmed(snapshot, sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
+
+
 def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:
     """What was served before the restart, trimmed to the configuration now; None for a first start."""
     restored = None if history is None else history.restore()
@@ -77,7 +82,7 @@ def restored_state(history: RunHistory | None, settings: Settings) -> ServiceSta
         log.info("run history: the served results were timed with another backend; not served again")
         latest = None
     elif latest is not None:
-        latest = trimmed(latest, sizes=bench.sizes, devices=bench.devices)
+        latest = asked_for(latest, settings)
     ended = "none" if latest is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(latest.finished_at))
     log.info(
         "run history: resumed",
@@ -270,10 +275,7 @@ class Service:
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
         if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
-            bench = self._settings.benchmark
-            outcome = dataclasses.replace(
-                outcome, snapshot=trimmed(outcome.snapshot, sizes=bench.sizes, devices=bench.devices)
-            )
+            outcome = dataclasses.replace(outcome, snapshot=asked_for(outcome.snapshot, self._settings))
         fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         if retry:
             fields["result"] = self._store.record_retry(outcome).value
@@ -360,7 +362,6 @@ class Service:
         if new.server != self._settings.server:
             log.warning("server.listen changes take effect at the next restart", extra={"listen": new.server.listen})
             new = dataclasses.replace(new, server=self._settings.server)
-        bench = new.benchmark
         self._settings = new
         self._scheduler.reschedule(
             interval_s=new.schedule.interval_s, cron=new.schedule.cron, jitter_s=new.schedule.jitter_s
@@ -368,7 +369,7 @@ class Service:
         self._store.record_config(
             loaded=True,
             at=time.time(),
-            keep=lambda snapshot: trimmed(snapshot, sizes=bench.sizes, devices=bench.devices),
+            keep=lambda snapshot: asked_for(snapshot, new),
         )
         log.info("configuration reloaded", extra={"config": new.source})
         return True
