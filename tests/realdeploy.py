@@ -57,6 +57,12 @@ EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
 UNIT_NAME = UNIT.name
 # A shell test for a sweep's worker process (slim trees have no pgrep).
 WORKER_RUNNING = "grep -qs monitor.bench.worker /proc/[0-9]*/cmdline"
+# Free space each build needs at its peak on the filesystem of .cache/deploy (wheelhouse, build stage,
+# final image and the layer being committed), measured with this suite on 2026-12-01 (benchmarks/README.md
+# "Real-deploy tests' disk"), with a margin. CI machines differ in free disk: the 2026-12-01 CI run had
+# about 12 GB and ran out in the middle of the CPU image.
+CPU_BUILD_NEEDS_GB = 6.0
+GPU_BUILD_NEEDS_GB = 20.0
 
 
 def unavailable() -> str | None:
@@ -74,6 +80,22 @@ def require_tools() -> None:
     if reason is None:
         return
     if os.environ.get(REQUIRED_ENV) == "required":
+        pytest.fail(f"real-deploy tests required ({REQUIRED_ENV}=required) but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def require_disk(needs_gb: float, what: str, *, required: bool) -> None:
+    """Skip (or, where the suite is required and ``required``, fail) before a build that cannot fit.
+
+    A build that runs out of disk half-way fails with podman's "no space left on device" and leaves a
+    half-written store; saying so up front, with the figures, tells the reader what to free.
+    """
+    CACHE.mkdir(parents=True, exist_ok=True)
+    free_gb = shutil.disk_usage(CACHE).free / 1e9
+    if free_gb >= needs_gb:
+        return
+    reason = f"{what} needs about {needs_gb:.0f} GB free on the filesystem of {CACHE}; {free_gb:.1f} GB is free"
+    if required and os.environ.get(REQUIRED_ENV) == "required":
         pytest.fail(f"real-deploy tests required ({REQUIRED_ENV}=required) but {reason}", pytrace=False)
     pytest.skip(reason)
 
@@ -98,7 +120,9 @@ def podman_command(*args: str) -> list[str]:
         "--cgroup-manager=cgroupfs",
         "--events-backend=file",
     ]
-    return ["podman", *store, *args]
+    # Layers being committed are written to TMPDIR (default /var/tmp, which may be a small filesystem of
+    # its own): keep them beside the store, where require_disk() counted on them.
+    return ["env", f"TMPDIR={CACHE / 'tmp'}", "podman", *store, *args]
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -168,12 +192,18 @@ def wheelhouse(extra: str = "") -> Path:
     wheels = WHEELS / (extra or "core")
     wheels.mkdir(parents=True, exist_ok=True)
     project = f"{REPO}[{extra}]" if extra else str(REPO)
-    run([sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), project, "setuptools>=68"], timeout=900)
+    # No pip cache: it would hold a second copy of every wheel (several GB with the CUDA ones); pip skips
+    # the wheels already in the wheelhouse itself.
+    run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-cache-dir", "-d", str(wheels), project, "setuptools>=68"],
+        timeout=900,
+    )
     return wheels
 
 
 def build_image(dockerfile: str, tag: str, extra: str = "") -> str:
     """deploy/container/DOCKERFILE built on the Debian base, offline; podman's layer cache keeps what is unchanged."""
+    (CACHE / "tmp").mkdir(parents=True, exist_ok=True)
     base = base_image()
     wheels = wheelhouse(extra)
     pip_conf = CACHE / "pip.conf"
@@ -192,12 +222,16 @@ def build_image(dockerfile: str, tag: str, extra: str = "") -> str:
         str(REPO),
         timeout=1200,
     )
+    # The build stage's layers (a whole virtual environment) are no image's now: free their space.
+    podman("image", "prune", "--force", check=False)
     return tag
 
 
 @pytest.fixture(scope="session")
 def cpu_image() -> str:
     require_tools()
+    if podman("image", "exists", IMAGE, check=False).returncode != 0:
+        require_disk(CPU_BUILD_NEEDS_GB, "building the CPU image", required=True)
     return build_image("Dockerfile", IMAGE)
 
 
@@ -205,11 +239,14 @@ def cpu_image() -> str:
 def gpu_image() -> Iterator[str]:
     """The GPU image (TensorFlow with NVIDIA's CUDA wheels): about 7 GB and 4-5 minutes to build here.
 
-    Removed after its test: the CPU image is what the other tests run.
+    Removed after its test: the CPU image is what the other tests run. Where the disk cannot hold it, the
+    test skips with the figures even when the suite is required: the CPU image's tests still run.
     """
     require_tools()
+    require_disk(GPU_BUILD_NEEDS_GB, "building the GPU image", required=False)
     yield build_image("Dockerfile.gpu", GPU_IMAGE, "cuda")
     podman("rmi", "--force", GPU_IMAGE, check=False)
+    podman("image", "prune", "--force", check=False)
 
 
 @pytest.fixture(scope="session")
@@ -273,7 +310,16 @@ class Machine:
             self.leader = self._find_leader(self._nspawn.pid) or 0
             time.sleep(0.1)
         # The boot is done when systemd says so (running, or degraded for a unit the container lacks).
-        self.sh("systemctl is-system-running --wait >/dev/null || true", timeout=90)
+        # Early on, systemctl cannot reach the bus yet ("Failed to connect to bus") and answers at once:
+        # ask again until it can.
+        deadline = time.monotonic() + 120
+        while True:
+            state = self.run("systemctl", "is-system-running", "--wait", timeout=120, check=False)
+            if state.stdout.strip() in ("running", "degraded"):
+                return
+            assert self._nspawn.poll() is None, f"systemd-nspawn exited: {self.console.read_text(errors='replace')}"
+            assert time.monotonic() < deadline, f"not booted after 120 s: {state.stdout} {state.stderr}"
+            time.sleep(0.2)
 
     @staticmethod
     def _find_leader(parent: int) -> int | None:
