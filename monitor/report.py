@@ -118,7 +118,8 @@ def _hardware_line(h: HardwareContext) -> str:
         best = f"gen {h.pcie_generation_max} x{h.pcie_width_max}"
         parts.append(f"PCIe gen {h.pcie_generation_min} x{h.pcie_width_min} (at best {best})")
     if h.other_processes_max is not None:
-        parts.append(f"{h.other_processes_max} other processes")
+        count = h.other_processes_max
+        parts.append(f"{count} other process{'' if count == 1 else 'es'} at most")
     if h.other_cpu_cores is not None:
         parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores")
     if h.cpu_throttled_s:

@@ -15,6 +15,8 @@ import pytest
 
 from monitor import __version__
 from monitor.cli import main
+from monitor.model import HardwareContext, Snapshot, SweepOutcome, SweepResult
+from monitor.report import render_table
 from tests.conftest import REPO
 from tests.service import fake_config
 
@@ -53,6 +55,8 @@ def test_once_prints_tables_with_speedup_and_crossover(tmp_path: Path) -> None:
     assert re.search(r"between measured sizes (3[2-9]|4\d) and (4\d|5\d|6[0-4]); 95% CI \d+ to \d+", out), out
     assert "fixed cost" in out
     assert "(probe)" in out
+    # What the host did while the CPU was timed, from the guard's real /proc/stat meter.
+    assert re.search(r"^hardware: /CPU:0: other processes used ≤ \d+\.\d\d cores$", out, re.MULTILINE), out
 
 
 def test_once_json_is_machine_readable(tmp_path: Path) -> None:
@@ -66,6 +70,34 @@ def test_once_json_is_machine_readable(tmp_path: Path) -> None:
     assert {m["key"]["device"] for m in snapshot["measurements"]} == {"/CPU:0", "/GPU:0"}
     assert all(m["flops_per_second"] > 0 for m in snapshot["measurements"])
     assert {c["state"] for c in snapshot["crossovers"]} == {"found"}
+    (cpu,) = [h for h in snapshot["hardware"] if h["device"] == "/CPU:0"]
+    assert cpu["other_cpu_cores"] >= 0 and cpu["cpu_throttled_s"] >= 0
+    assert cpu["sm_clock_min_hz"] is None  # a CPU has no GPU readings, and none are made up
+
+
+def test_once_says_what_a_gpu_looked_like_while_it_was_timed() -> None:
+    """A GPU's hardware context (from NVML in production) reads as one line of the table, in the metrics' terms."""
+    gpu = HardwareContext(
+        backend="torch",
+        device="cuda:0",
+        sm_clock_min_hz=1.2e9,
+        sm_clock_max_hz=1.98e9,
+        clock_events=("hw_thermal_slowdown", "sw_power_cap"),
+        temperature_max_c=87.0,
+        power_max_w=690.4,
+        pcie_generation_min=5,
+        pcie_width_min=8,
+        pcie_generation_max=5,
+        pcie_width_max=16,
+        other_processes_max=1,
+    )
+    snapshot = Snapshot(started_at=0.0, finished_at=1.0, devices=(), measurements=(), crossovers=(), hardware=(gpu,))
+    outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=snapshot)
+    lines = [line for line in render_table(outcome).splitlines() if line.startswith("hardware:")]
+    assert lines == [
+        "hardware: cuda:0: SM clock ≥ 1200 of 1980 MHz; clock events hw_thermal_slowdown, sw_power_cap; ≤ 87 °C; "
+        "≤ 690 W; PCIe gen 5 x8 (at best gen 5 x16); 1 other process at most"
+    ]
 
 
 def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
