@@ -150,6 +150,16 @@ GPU_PCIE_WIDTH = _metric(
 GPU_PCIE_WIDTH_MAX = _metric(
     "matmul_gpu_pcie_link_width_max", "The PCIe link width the GPU and its slot can reach", DEVICE_LABELS
 )
+GPU_POWER_LIMITED = _metric(
+    "matmul_gpu_power_limited_ratio",
+    "Share of the time the GPU's points ran during which NVML counted it held below its clocks by its power limit",
+    DEVICE_LABELS,
+)
+GPU_THERMAL_LIMITED = _metric(
+    "matmul_gpu_thermal_limited_ratio",
+    "Share of the time the GPU's points ran during which NVML counted it held below its clocks by its thermal limit",
+    DEVICE_LABELS,
+)
 GPU_OTHER_PROCESSES = _metric(
     "matmul_gpu_other_processes", "Most processes of other programs seen on the GPU while it was timed", DEVICE_LABELS
 )
@@ -172,6 +182,8 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_PCIE_GENERATION_MAX, "pcie_generation_max"),
     (GPU_PCIE_WIDTH, "pcie_width_min"),
     (GPU_PCIE_WIDTH_MAX, "pcie_width_max"),
+    (GPU_POWER_LIMITED, "power_limited_ratio"),
+    (GPU_THERMAL_LIMITED, "thermal_limited_ratio"),
     (GPU_OTHER_PROCESSES, "other_processes_max"),
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),

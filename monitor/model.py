@@ -208,8 +208,9 @@ class HardwareContext:
     """What a device looked like while it was timed in one sweep: what a drift alert can point at.
 
     Every field is None where it could not be read. GPU fields come from NVML samples taken after
-    each of its points; ``other_cpu_cores`` is the CPU time other processes used on the cores the
-    worker may run on, in cores, over the CPU's points (the maximum over its points).
+    each of its points (the limited ratios from NVML's counters read before and after each);
+    ``other_cpu_cores`` is the CPU time other processes used on the cores the worker may run on, in
+    cores, over the CPU's points (the maximum over its points).
     """
 
     backend: str
@@ -224,6 +225,10 @@ class HardwareContext:
     pcie_generation_max: int | None = None  # what the link can do
     pcie_width_max: int | None = None
     other_processes_max: int | None = None  # other programs' processes on the GPU, most seen at once
+    # Share of the time its points ran during which NVML counted the GPU held below its requested
+    # clocks by its power (thermal) limit: counted over the points, not sampled after them.
+    power_limited_ratio: float | None = None
+    thermal_limited_ratio: float | None = None
     other_cpu_cores: float | None = None  # CPU only: other processes' load on our cores
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
 

@@ -104,12 +104,24 @@ def render_table(outcome: SweepOutcome) -> str:
 
 def _hardware_line(h: HardwareContext) -> str:
     """What the device looked like while it was timed, in the words of the metrics reference."""
+    parts = [*_gpu_hardware(h)]
+    if h.other_cpu_cores is not None:
+        parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores")
+    if h.cpu_throttled_s:
+        parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
+    return "; ".join(parts) or "nothing could be read"
+
+
+def _gpu_hardware(h: HardwareContext) -> list[str]:
     parts = []
     if h.sm_clock_min_hz is not None:
         top = f" of {h.sm_clock_max_hz / 1e6:.0f}" if h.sm_clock_max_hz is not None else ""
         parts.append(f"SM clock ≥ {h.sm_clock_min_hz / 1e6:.0f}{top} MHz")
     if h.clock_events:
         parts.append(f"clock events {', '.join(h.clock_events)}")
+    for limit, ratio in (("power", h.power_limited_ratio), ("thermal", h.thermal_limited_ratio)):
+        if ratio:  # 0 or unknown: nothing to say
+            parts.append(f"held back by its {limit} limit {ratio:.0%} of the time timed")
     if h.temperature_max_c is not None:
         parts.append(f"≤ {h.temperature_max_c:.0f} °C")
     if h.power_max_w is not None:
@@ -120,11 +132,7 @@ def _hardware_line(h: HardwareContext) -> str:
     if h.other_processes_max is not None:
         count = h.other_processes_max
         parts.append(f"{count} other process{'' if count == 1 else 'es'} at most")
-    if h.other_cpu_cores is not None:
-        parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores")
-    if h.cpu_throttled_s:
-        parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
-    return "; ".join(parts) or "nothing could be read"
+    return parts
 
 
 def render_json(outcome: SweepOutcome) -> str:

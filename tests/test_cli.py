@@ -71,7 +71,8 @@ def test_once_json_is_machine_readable(tmp_path: Path) -> None:
     assert all(m["flops_per_second"] > 0 for m in snapshot["measurements"])
     assert {c["state"] for c in snapshot["crossovers"]} == {"found"}
     (cpu,) = [h for h in snapshot["hardware"] if h["device"] == "/CPU:0"]
-    assert cpu["other_cpu_cores"] >= 0 and cpu["cpu_throttled_s"] >= 0
+    assert cpu["other_cpu_cores"] >= 0
+    assert cpu["cpu_throttled_s"] >= 0
     assert cpu["sm_clock_min_hz"] is None  # a CPU has no GPU readings, and none are made up
 
 
@@ -90,13 +91,18 @@ def test_once_says_what_a_gpu_looked_like_while_it_was_timed() -> None:
         pcie_generation_max=5,
         pcie_width_max=16,
         other_processes_max=1,
+        power_limited_ratio=0.124,
+        thermal_limited_ratio=0.0,
     )
     snapshot = Snapshot(started_at=0.0, finished_at=1.0, devices=(), measurements=(), crossovers=(), hardware=(gpu,))
     outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=snapshot)
     lines = [line for line in render_table(outcome).splitlines() if line.startswith("hardware:")]
     assert lines == [
-        "hardware: cuda:0: SM clock ≥ 1200 of 1980 MHz; clock events hw_thermal_slowdown, sw_power_cap; ≤ 87 °C; "
-        "≤ 690 W; PCIe gen 5 x8 (at best gen 5 x16); 1 other process at most"
+        (
+            "hardware: cuda:0: SM clock ≥ 1200 of 1980 MHz; clock events hw_thermal_slowdown, sw_power_cap; "
+            "held back by its power limit 12% of the time timed; ≤ 87 °C; ≤ 690 W; PCIe gen 5 x8 (at best gen 5 x16); "
+            "1 other process at most"
+        )
     ]
 
 

@@ -356,6 +356,25 @@ def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -
     assert (gpu.pcie_generation_min, gpu.pcie_generation_max) == (4, 5)
 
 
+def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
+    """NVML's power-limit total: what it grew by during a point counts (however brief), between points not."""
+    totals = {1: 100.0, 2: 100.0, 3: 105.0}  # 5 s held back between the first two points: not while timed
+
+    def script(look: int) -> GpuSample:
+        held = totals.get(look, 105.25)  # the second point (looks 3 and 4) ran held back for 0.25 s
+        return dataclasses.replace(IDLE, power_limited_s=held, read_at_s=float(look))  # each point lasts 1 s
+
+    from monitor.model import HardwareContext  # noqa: PLC0415
+
+    probe = FakeProbe(script)
+    _, messages = _run(_guard(probe))
+    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    points = probe.looks // 2  # a look before and one after each point
+    assert points >= 2
+    assert gpu.power_limited_ratio == pytest.approx(0.25 / points)
+    assert gpu.thermal_limited_ratio is None  # never read: unknown, not 0
+
+
 def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
     """Others used a core the worker's threads needed, in the first try and the retry: withheld."""
     host = FakeHost([1.0], cores=4)

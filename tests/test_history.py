@@ -179,14 +179,17 @@ def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_
     config = fake_config(interval="2s") + f"history: {{directory: {state}}}\n"
     completed = 0
     served: dict[Labels, float] = {}
-    for restart in range(5):
+    kills = 5
+    for restart in range(kills):
         run_dir = tmp_path / f"run{restart}"
         run_dir.mkdir()
         service = RunningService(run_dir, config)
         served = run_until_killed(service, served, completed)
         completed += service.log.read_text().count("sweep finished result=success")
     runs = read_recent(state, 1000)
-    assert sum(run.result == "success" for run in runs) == completed
+    # Every sweep the log saw finish is in the history. A kill can land between a sweep's commit and its
+    # log line (seen under load), so the history may hold up to one more per kill, never fewer.
+    assert completed <= sum(run.result == "success" for run in runs) <= completed + kills
     assert sqlite3.connect(state / FILE_NAME).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 

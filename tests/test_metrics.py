@@ -183,6 +183,8 @@ def test_exposed_names_cover_every_family_rendered() -> None:
                 pcie_generation_max=5,
                 pcie_width_max=16,
                 other_processes_max=0,
+                power_limited_ratio=0.02,
+                thermal_limited_ratio=0.0,
             ),
             HardwareContext(backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0),
         ),

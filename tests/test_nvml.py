@@ -65,6 +65,12 @@ def _fake_pynvml(*, samples: object = (), fail_init: bool = False) -> types.Simp
         nvmlDeviceGetCurrPcieLinkWidth=lambda _h: 8,
         nvmlDeviceGetMaxPcieLinkGeneration=lambda _h: 5,
         nvmlDeviceGetMaxPcieLinkWidth=lambda _h: 16,
+        NVML_PERF_POLICY_POWER=0,
+        NVML_PERF_POLICY_THERMAL=1,
+        # Running totals in nanoseconds: 2.5 s held back by the power limit since boot, never by heat.
+        nvmlDeviceGetViolationStatus=lambda _h, policy: types.SimpleNamespace(
+            referenceTime=1_700_000_000_000_000, violationTime=(2_500_000_000, 0)[policy]
+        ),
     )
 
 
@@ -82,6 +88,22 @@ def test_probe_reads_every_field_in_base_units(monkeypatch: pytest.MonkeyPatch) 
         5,
         16,
     )
+    assert (sample.power_limited_s, sample.thermal_limited_s) == (2.5, 0.0)
+    assert sample.read_at_s is not None
+
+
+def test_a_gpu_without_violation_counters_still_gives_its_other_readings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetViolationStatus is NOT_SUPPORTED on some GPUs: those two readings are unknown, nothing fails."""
+    fake = _fake_pynvml()
+
+    def unsupported(_handle: object, _policy: int) -> object:
+        raise NVMLError("Not Supported")
+
+    fake.nvmlDeviceGetViolationStatus = unsupported
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    sample = nvml.NvmlProbe().sample(GPU)
+    assert (sample.power_limited_s, sample.thermal_limited_s) == (None, None)
+    assert sample.sm_clock_hz == 1.755e9
 
 
 def test_probe_names_processes_and_their_recent_kernels(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,12 @@ class GpuSample:
     pcie_width: int | None = None
     pcie_generation_max: int | None = None
     pcie_width_max: int | None = None
+    # NVML's running totals of the time the GPU was held below its requested clocks by its power or its
+    # thermal limit, and when they were read (monotonic seconds): their growth over a point says how
+    # long that point ran held back, however briefly it happened (a look after it could miss it).
+    power_limited_s: float | None = None
+    thermal_limited_s: float | None = None
+    read_at_s: float | None = None
 
 
 class GpuProbe(Protocol):
@@ -93,6 +99,27 @@ class _GpuRecord:
     timed: bool = False  # this worker ran a point on it in this sweep
     samples: list[GpuSample] = field(default_factory=list)
     others_max: int = 0
+    opened: GpuSample | None = None  # the look before the point being timed
+    # per limit ("power", "thermal"): (seconds held back, seconds of points over which it was counted)
+    limited: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def close_point(self, after: GpuSample) -> None:
+        """Add how long the point that just ended ran held back by each limit NVML counts."""
+        before, self.opened = self.opened, None
+        if before is None or before.read_at_s is None or after.read_at_s is None:
+            return
+        window = after.read_at_s - before.read_at_s
+        for limit, start, end in (
+            ("power", before.power_limited_s, after.power_limited_s),
+            ("thermal", before.thermal_limited_s, after.thermal_limited_s),
+        ):
+            if start is not None and end is not None and end >= start and window > 0:
+                held, counted = self.limited.get(limit, (0.0, 0.0))
+                self.limited[limit] = (held + min(end - start, window), counted + window)
+
+    def limited_ratio(self, limit: str) -> float | None:
+        held, counted = self.limited.get(limit, (0.0, 0.0))
+        return held / counted if counted > 0 else None
 
 
 @dataclass
@@ -144,8 +171,11 @@ class Guard:
         except GuardUnavailable as exc:
             return self._unguarded(device, str(exc))
         record = self._gpus.setdefault(device.device, _GpuRecord())
-        if not before:
+        if before:
+            record.opened = sample
+        else:
             record.samples.append(sample)
+            record.close_point(sample)
         others = self._other_processes(sample)
         record.others_max = max(record.others_max, len(others))
         seen: list[str] = []
@@ -275,4 +305,6 @@ def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
         pcie_generation_max=_highest(s.pcie_generation_max for s in samples),
         pcie_width_max=_highest(s.pcie_width_max for s in samples),
         other_processes_max=record.others_max,
+        power_limited_ratio=record.limited_ratio("power"),
+        thermal_limited_ratio=record.limited_ratio("thermal"),
     )

@@ -36,6 +36,7 @@ CLOCK_EVENTS = {
 }
 _MHZ = 1e6
 _MILLIWATT = 1e-3
+_NANOSECOND = 1e-9  # nvmlViolationTime_t.violationTime
 
 
 def clock_event_names(mask: int) -> tuple[str, ...]:
@@ -172,6 +173,8 @@ class NvmlProbe:
         if events is None:
             events = read(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
         power = read(pynvml.nvmlDeviceGetPowerUsage)
+        power_limited = read(pynvml.nvmlDeviceGetViolationStatus, pynvml.NVML_PERF_POLICY_POWER)
+        thermal_limited = read(pynvml.nvmlDeviceGetViolationStatus, pynvml.NVML_PERF_POLICY_THERMAL)
         return GpuSample(
             processes=tuple(_process(pid, memory[pid], per_process.get(pid), self._proc) for pid in sorted(memory)),
             utilization_pct=float(utilization.gpu) if utilization is not None else None,
@@ -184,4 +187,7 @@ class NvmlProbe:
             pcie_width=read(pynvml.nvmlDeviceGetCurrPcieLinkWidth),
             pcie_generation_max=read(pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
             pcie_width_max=read(pynvml.nvmlDeviceGetMaxPcieLinkWidth),
+            power_limited_s=power_limited.violationTime * _NANOSECOND if power_limited is not None else None,
+            thermal_limited_s=thermal_limited.violationTime * _NANOSECOND if thermal_limited is not None else None,
+            read_at_s=time.monotonic(),
         )
