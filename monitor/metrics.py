@@ -173,6 +173,11 @@ CPU_THROTTLED = _metric(
     "Time the container's CPU quota throttled the worker while the CPU was timed",
     DEVICE_LABELS,
 )
+CPU_STEAL = _metric(
+    "matmul_cpu_steal_cores",
+    "Of the other load, the hypervisor's steal on the worker's vCPUs while the CPU was timed, in cores",
+    DEVICE_LABELS,
+)
 HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_SM_CLOCK_MIN, "sm_clock_min_hz"),
     (GPU_SM_CLOCK_MAX, "sm_clock_max_hz"),
@@ -187,6 +192,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_OTHER_PROCESSES, "other_processes_max"),
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),
+    (CPU_STEAL, "cpu_steal_cores"),
 )
 
 # Every name a scrape can contain (counters with their _total suffix): the dashboard and rules tests use it.

@@ -231,6 +231,8 @@ class HardwareContext:
     thermal_limited_ratio: float | None = None
     other_cpu_cores: float | None = None  # CPU only: other processes' load on our cores
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
+    # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores
+    cpu_steal_cores: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

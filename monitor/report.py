@@ -106,7 +106,8 @@ def _hardware_line(h: HardwareContext) -> str:
     """What the device looked like while it was timed, in the words of the metrics reference."""
     parts = [*_gpu_hardware(h)]
     if h.other_cpu_cores is not None:
-        parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores")
+        steal = f" (the hypervisor's steal ≤ {h.cpu_steal_cores:.2f})" if h.cpu_steal_cores else ""
+        parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores{steal}")
     if h.cpu_throttled_s:
         parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
     return "; ".join(parts) or "nothing could be read"

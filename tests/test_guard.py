@@ -403,6 +403,42 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     assert guard.time_cpu_point(device, 2, lambda: None) is None
 
 
+def test_proc_stat_meter_tells_the_hypervisors_steal_apart(tmp_path: Path) -> None:
+    """Steal on the worker's vCPUs is others' load, and is also reported on its own, in cores."""
+    stat = tmp_path / "stat"
+    cores = sorted(os.sched_getaffinity(0))
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+
+    def write(steal_ticks: int) -> None:  # user nice system idle iowait irq softirq steal guest guest_nice
+        lines = [f"cpu{core} 100 0 50 9000 0 0 0 {steal_ticks} 0 0" for core in cores]
+        stat.write_text("\n".join(["cpu  1 2 3 4 5 6 7 8 0 0", *lines, "intr 0"]) + "\n")
+
+    write(0)
+    meter = ProcStatMeter(proc_stat=stat)
+    started = meter.start()
+    time.sleep(0.2)
+    write(20)  # 20 ticks of steal on every vCPU
+    load = meter.stop(started)
+    stolen = len(cores) * 20 * tick - len(cores) ** 0.5 * tick  # less the meter's rounding allowance
+    assert load.steal_cores == pytest.approx(stolen / load.wall_s)
+    assert 0 < load.other_cores <= load.steal_cores  # the steal is others' load (less this process's own time)
+
+
+def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
+    """The CPU's hardware context carries the most steal of any of its points beside the load it is part of."""
+
+    class StealingHost(FakeHost):
+        def stop(self, started: object) -> HostLoad:
+            load = super().stop(started)
+            return dataclasses.replace(load, steal_cores=load.other_cores / 2)
+
+    from monitor.model import HardwareContext  # noqa: PLC0415
+
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.6, 0.2])))
+    (cpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/CPU:0"]
+    assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
+
+
 def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:
     """The real meter: others' load over a window includes all the CPU a spinning child used in it."""
     meter = ProcStatMeter()

@@ -186,7 +186,9 @@ def test_exposed_names_cover_every_family_rendered() -> None:
                 power_limited_ratio=0.02,
                 thermal_limited_ratio=0.0,
             ),
-            HardwareContext(backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0),
+            HardwareContext(
+                backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0, cpu_steal_cores=0.05
+            ),
         ),
     )
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))

@@ -80,6 +80,9 @@ class HostLoad:
     other_cores: float  # their CPU time over the window's wall time, in cores
     throttled_s: float  # time the container's CPU quota throttled this cgroup
     wall_s: float = 1.0  # how long the window lasted
+    # The hypervisor's share of other_cores: time the VM's vCPUs waited for the host (steal), in cores.
+    # Unlike another process it lands on the worker's own vCPUs, which the guest cannot route around.
+    steal_cores: float = 0.0
 
 
 class HostMeter(Protocol):
@@ -126,6 +129,7 @@ class _GpuRecord:
 class _CpuRecord:
     other_cores_max: float = 0.0
     throttled_s: float = 0.0
+    steal_cores_max: float = 0.0
 
 
 class Guard:
@@ -243,6 +247,7 @@ class Guard:
             measure()
             load = self._host.stop(started)
             record.throttled_s += load.throttled_s
+            record.steal_cores_max = max(record.steal_cores_max, load.steal_cores)
             if load.other_cores <= allowed and load.throttled_s <= _THROTTLING_TOLERATED * load.wall_s:
                 record.other_cores_max = max(record.other_cores_max, load.other_cores)
                 return None
@@ -277,6 +282,7 @@ class Guard:
                         device=device.device,
                         other_cpu_cores=cpu.other_cores_max,
                         cpu_throttled_s=cpu.throttled_s,
+                        cpu_steal_cores=cpu.steal_cores_max,
                     )
                 )
         return found

@@ -75,6 +75,7 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 @dataclass(frozen=True)
 class _Reading:
     busy_s: float  # CPU time spent on the worker's cores by anyone (steal included)
+    steal_s: float  # of which the hypervisor kept the vCPUs waiting (steal)
     own_s: float  # CPU time of this process, all its threads
     wall_s: float
     throttled_s: float
@@ -98,14 +99,16 @@ class ProcStatMeter:
 
     def _read(self) -> _Reading:
         wanted = {f"cpu{core}" for core in self._cores}
-        busy_ticks = 0
+        busy_ticks = steal_ticks = 0
         for line in self._proc_stat.read_text().splitlines():
             name, *fields = line.split()
             if name in wanted:
                 # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
-                values = [int(v) for v in fields[:8]]
+                values = [int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8]))  # steal: Linux 2.6.11 on
                 busy_ticks += sum(values) - values[3] - values[4]
-        return _Reading(busy_ticks * self._tick_s, time.process_time(), time.monotonic(), self._throttled_s())
+                steal_ticks += values[7]
+        tick, throttled = self._tick_s, self._throttled_s()
+        return _Reading(busy_ticks * tick, steal_ticks * tick, time.process_time(), time.monotonic(), throttled)
 
     def _throttled_s(self) -> float:
         if self._cpu_stat is None:
@@ -135,6 +138,7 @@ class ProcStatMeter:
             other_cores=max(0.0, others - rounding) / wall,
             throttled_s=max(0.0, now.throttled_s - started.throttled_s),
             wall_s=wall,
+            steal_cores=max(0.0, now.steal_s - started.steal_s - rounding) / wall,
         )
 
 
