@@ -375,6 +375,22 @@ def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
     assert gpu.thermal_limited_ratio is None  # never read: unknown, not 0
 
 
+def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> None:
+    """NVML failing after one point and before the next (require_nvml off): neither point is counted."""
+    totals = {1: 0.0, 3: 5.0, 4: 5.0}  # looks 2 and 3 fail; 5 s held back between the points
+
+    def script(look: int) -> GpuSample:
+        if look in (2, 3):
+            raise GuardUnavailable("NVML_ERROR_UNKNOWN (injected)")
+        return dataclasses.replace(IDLE, power_limited_s=totals.get(look, 5.0), read_at_s=float(look))
+
+    from monitor.model import HardwareContext  # noqa: PLC0415
+
+    _, messages = _run(_guard(FakeProbe(script), require_nvml=False))
+    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    assert gpu.power_limited_ratio == 0.0  # the points from look 4 on ran clean; looks 1 and 4 never paired
+
+
 def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
     """Others used a core the worker's threads needed, in the first try and the retry: withheld."""
     host = FakeHost([1.0], cores=4)
@@ -437,6 +453,10 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.6, 0.2])))
     (cpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/CPU:0"]
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
+    # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 3.0, 0.2], cores=1)))
+    (cpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/CPU:0"]
+    assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 
 
 def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:

@@ -131,6 +131,11 @@ class _CpuRecord:
     throttled_s: float = 0.0
     steal_cores_max: float = 0.0
 
+    def note(self, load: HostLoad) -> None:
+        """The load of the try that counts (a disturbed first try that was timed again does not)."""
+        self.other_cores_max = max(self.other_cores_max, load.other_cores)
+        self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
+
 
 class Guard:
     """Decides, from what the probes see, whether a point may be timed and whether it stands."""
@@ -168,6 +173,8 @@ class Guard:
     def _look(self, device: DeviceInfo, *, before: bool) -> Withheld | None:
         if not self._settings.enabled:
             return None
+        if before:  # a point starts: no earlier look may pair with the look after it
+            self._gpus.setdefault(device.device, _GpuRecord()).opened = None
         if self._gpu_probe is None:
             return self._unguarded(device, self._gpu_probe_problem)
         try:
@@ -247,11 +254,10 @@ class Guard:
             measure()
             load = self._host.stop(started)
             record.throttled_s += load.throttled_s
-            record.steal_cores_max = max(record.steal_cores_max, load.steal_cores)
             if load.other_cores <= allowed and load.throttled_s <= _THROTTLING_TOLERATED * load.wall_s:
-                record.other_cores_max = max(record.other_cores_max, load.other_cores)
+                record.note(load)
                 return None
-        record.other_cores_max = max(record.other_cores_max, load.other_cores)
+        record.note(load)
         problems = []
         if load.other_cores > allowed:
             problems.append(
