@@ -45,7 +45,7 @@ GPU_ONLY_PANELS = {"Crossover size n* over time", "GPU speed-up over time (CPU t
 # Read from NVML while a real GPU is timed: empty for the fake GPU too (tests/test_guard.py fakes NVML;
 # tests/test_metrics.py renders these families from a recorded hardware context).
 NVML_PANELS = {
-    "GPU SM clock while timed: lowest / maximum",
+    "GPU SM clock while timed (lowest / maximum) and time held back by its limits",
     "GPU clock events (throttle reasons) seen while timed",
     "GPU PCIe link while timed, against its maximum",
     "GPU temperature and power peaks while timed",
