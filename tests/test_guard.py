@@ -29,6 +29,7 @@ from monitor.carry import merge
 from monitor.model import (
     CrossoverState,
     DeviceInfo,
+    HardwareContext,
     Measurement,
     Mode,
     RetryResult,
@@ -126,6 +127,12 @@ def _run(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[
 
 def _withheld(messages: list[Message]) -> list[Withheld]:
     return [m for m in messages if isinstance(m, Withheld)]
+
+
+def _hardware(messages: list[Message], device: str) -> HardwareContext:
+    """The one hardware context the sweep recorded for ``device``."""
+    (context,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == device]
+    return context
 
 
 def _timed(messages: list[Message], device: str) -> list[Measurement]:
@@ -347,10 +354,8 @@ def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -
             pcie_width_max=16,
         )
 
-    from monitor.model import HardwareContext  # noqa: PLC0415
-
     _, messages = _run(_guard(FakeProbe(script)))
-    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    gpu = _hardware(messages, "/GPU:0")
     assert gpu.sm_clock_min_hz == 1.2e9
     assert gpu.clock_events == ("sw_thermal_slowdown",)
     assert (gpu.pcie_generation_min, gpu.pcie_generation_max) == (4, 5)
@@ -364,11 +369,9 @@ def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
         held = totals.get(look, 105.25)  # the second point (looks 3 and 4) ran held back for 0.25 s
         return dataclasses.replace(IDLE, power_limited_s=held, read_at_s=float(look))  # each point lasts 1 s
 
-    from monitor.model import HardwareContext  # noqa: PLC0415
-
     probe = FakeProbe(script)
     _, messages = _run(_guard(probe))
-    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    gpu = _hardware(messages, "/GPU:0")
     points = probe.looks // 2  # a look before and one after each point
     assert points >= 2
     assert gpu.power_limited_ratio == pytest.approx(0.25 / points)
@@ -384,10 +387,8 @@ def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> N
             raise GuardUnavailable("NVML_ERROR_UNKNOWN (injected)")
         return dataclasses.replace(IDLE, power_limited_s=totals.get(look, 5.0), read_at_s=float(look))
 
-    from monitor.model import HardwareContext  # noqa: PLC0415
-
     _, messages = _run(_guard(FakeProbe(script), require_nvml=False))
-    (gpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/GPU:0"]
+    gpu = _hardware(messages, "/GPU:0")
     assert gpu.power_limited_ratio == 0.0  # the points from look 4 on ran clean; looks 1 and 4 never paired
 
 
@@ -448,14 +449,12 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
             load = super().stop(started)
             return dataclasses.replace(load, steal_cores=load.other_cores / 2)
 
-    from monitor.model import HardwareContext  # noqa: PLC0415
-
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.6, 0.2])))
-    (cpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/CPU:0"]
+    cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
     # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 3.0, 0.2], cores=1)))
-    (cpu,) = [m for m in messages if isinstance(m, HardwareContext) and m.device == "/CPU:0"]
+    cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 
 

@@ -173,15 +173,15 @@ class Guard:
     def _look(self, device: DeviceInfo, *, before: bool) -> Withheld | None:
         if not self._settings.enabled:
             return None
+        record = self._gpus.setdefault(device.device, _GpuRecord())
         if before:  # a point starts: no earlier look may pair with the look after it
-            self._gpus.setdefault(device.device, _GpuRecord()).opened = None
+            record.opened = None
         if self._gpu_probe is None:
             return self._unguarded(device, self._gpu_probe_problem)
         try:
             sample = self._gpu_probe.sample(device)
         except GuardUnavailable as exc:
             return self._unguarded(device, str(exc))
-        record = self._gpus.setdefault(device.device, _GpuRecord())
         if before:
             record.opened = sample
         else:

@@ -104,7 +104,7 @@ class ProcStatMeter:
             name, *fields = line.split()
             if name in wanted:
                 # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
-                values = [int(v) for v in fields[:8]] + [0] * (8 - len(fields[:8]))  # steal: Linux 2.6.11 on
+                values = [int(v) for v in fields[:8]]
                 busy_ticks += sum(values) - values[3] - values[4]
                 steal_ticks += values[7]
         tick, throttled = self._tick_s, self._throttled_s()
