@@ -19,6 +19,8 @@ alternates variants point by point, so the host's drift hits them alike:
 - ``service-clone``: ``service-discard`` on operands copied into torch's own memory first;
 - ``worker-warm``: ``worker`` with 100 warm-up calls per point instead of 2 (is the short warm-up
   what leaves end_to_end a few percent slow after the CPU points?);
+- ``worker-gpu``: ``worker`` timing the GPU alone, no CPU point before it (do the CPU points, or the
+  idle GPU while they run, slow the GPU's end_to_end point after them?);
 
 Each can run with one core kept busy by another process (``--busy-core``). Usage on a GPU machine:
 
@@ -47,6 +49,7 @@ VARIANTS = (
     "service-clone",
     "worker",
     "worker-warm",
+    "worker-gpu",
     "service-200ms",
 )
 
@@ -122,10 +125,10 @@ def _service_discard(n: int, mode: str, where: str, threads: int, *, clone: bool
     return measure(run, TimingSettings(), time.perf_counter).median_s
 
 
-def _worker(n: int, mode: str, where: str, threads: int, warmup_calls: int | None = None) -> float:
+def _worker(n: int, mode: str, where: str, threads: int, warmup_calls: int | None = None, *, cpu: bool = True) -> float:
     plan = {
         "backend": "torch",
-        "devices": ["cpu", "cuda:0"],
+        "devices": ["cpu", where] if cpu else [where],
         "sizes": [n],
         "dtypes": ["float32"],
         "modes": [mode],
@@ -165,7 +168,9 @@ def one(variant: str, n: int, mode: str, where: str, threads: int) -> float:
         return _service_discard(n, mode, where, threads, clone=variant == "service-clone")
     if variant == "service-200ms":
         return _service(n, mode, where, threads, block_s=0.2)
-    return _worker(n, mode, where, threads, warmup_calls=100 if variant == "worker-warm" else None)
+    return _worker(
+        n, mode, where, threads, warmup_calls=100 if variant == "worker-warm" else None, cpu=variant != "worker-gpu"
+    )
 
 
 def spawn(variant: str, n: int, mode: str, where: str, threads: int) -> float:
@@ -272,7 +277,7 @@ def main() -> None:
             variants=args.e2e_variants.split(","),
             mode="end_to_end",
             where="cuda:0",
-            threads=cores,
+            threads=args.threads,
             rounds=args.rounds,
             busy=False,
         )

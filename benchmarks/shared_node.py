@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from monitor.crossover import find_crossover  # noqa: E402
 from monitor.model import MODES  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
-from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
+from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 # 96 and 160 beside 128: on the H200 the compute crossover sits near 128, where one noisy size decides
@@ -97,7 +98,12 @@ def run_peer(threads: int, gpu: str, sizes: tuple[int, ...] = SIZES) -> dict[str
 
 
 def sweep(
-    threads: int, devices: tuple[str, ...] | None = None, sizes: tuple[int, ...] = SIZES, *, refine: bool = True
+    threads: int,
+    devices: tuple[str, ...] | None = None,
+    sizes: tuple[int, ...] = SIZES,
+    *,
+    refine: bool = True,
+    timing: TimingSettings | None = None,
 ) -> dict[str, Any]:
     bench = BenchmarkSettings(
         backend="torch",
@@ -106,6 +112,7 @@ def sweep(
         modes=MODES,
         cpu_threads=threads,
         refine=RefineSettings(enabled=refine, tolerance=0.05, budget_s=20),
+        timing=timing or TimingSettings(),
     )
     started = time.monotonic()
     outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=300, cancel=threading.Event())
@@ -273,32 +280,51 @@ def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path)
     print(f"  job GEMM/s during sweep {during} after {after} -> loss {loss}")
 
 
-def alternate_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """Service and peer alternated size by size, each in fresh processes, ``--rounds`` times."""
+def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    """Service and peer alternated size by size, each in fresh processes, ``--rounds`` times.
+
+    With ``--warmups`` the service runs once per GPU end_to_end warm-up named (side "service-<s>s"),
+    so that settings are compared in the same run, alternating with the peer.
+    """
+    warmups = [float(w) for w in args.warmups.split(",")] if args.warmups else [None]
+    sizes = [int(n) for n in args.alternate_sizes.split(",")]
     rows: dict[str, dict[int, dict[str, list[float]]]] = {}
-    for n in ALTERNATE_SIZES:
-        for _ in range(args.rounds):
-            service = sweep(args.threads, sizes=(n,), refine=False)
-            reference = run_peer(args.threads, args.gpu, (n,))
-            for device, curves in service.get("curves", {}).items():
-                if device not in ("cpu", args.gpu):
-                    continue
-                for name, points in curves.items():
-                    if n in points and n in reference.get(name, {}):
-                        row = rows.setdefault(name, {}).setdefault(n, {"service": [], "peer": []})
-                        row["service"].append(points[n])
-                        row["peer"].append(reference[name][n])
+    results["alternate"] = {"rounds": args.rounds, "warmups": warmups, "times": rows}
+    for n in sizes:
+        for round_ in range(args.rounds):
+            sides: list[tuple[str, dict[str, dict[str, dict[int, float]]]]] = []
+            for warmup in warmups:
+                timing = None if warmup is None else TimingSettings(gpu_end_to_end_warmup_s=warmup)
+                side = "service" if warmup is None else f"service-{warmup:g}s"
+                sides.append((side, sweep(args.threads, sizes=(n,), refine=False, timing=timing).get("curves", {})))
+            sides.append(("peer", {args.gpu: run_peer(args.threads, args.gpu, (n,))}))
+            for side, by_device in sides:
+                for device, curves in by_device.items():
+                    for name, points in curves.items():
+                        if device in ("cpu", args.gpu) and n in points:
+                            row = rows.setdefault(name, {}).setdefault(n, {})
+                            row.setdefault(side, []).append(points[n])
+            gpu_e2e = rows.get("gpu end_to_end", {}).get(n, {})
+            print(
+                f"alternate n={n} round {round_}: gpu end_to_end " + json.dumps({k: v[-1] for k, v in gpu_e2e.items()})
+            )
+            save()
     summary = {
         name: {
-            n: statistics.median(sides["service"]) / statistics.median(sides["peer"])
-            for n, sides in by_size.items()
-            if sides["service"] and sides["peer"]
+            n: {
+                side: statistics.median(times) / statistics.median(by_side["peer"])
+                for side, times in by_side.items()
+                if side != "peer" and times and by_side.get("peer")
+            }
+            for n, by_side in by_size.items()
         }
         for name, by_size in rows.items()
     }
-    results["alternate"] = {"rounds": args.rounds, "times": rows, "median_ratios": summary}
-    for name, ratios_by_size in summary.items():
-        print(f"alternate {name}: " + " ".join(f"{n}:{r:.3f}" for n, r in sorted(ratios_by_size.items())))
+    results["alternate"]["median_ratios"] = summary
+    for name, by_size in summary.items():
+        print(
+            f"alternate {name}: " + json.dumps({n: {k: round(v, 3) for k, v in r.items()} for n, r in by_size.items()})
+        )
 
 
 def main() -> None:
@@ -311,6 +337,8 @@ def main() -> None:
     parser.add_argument("--phases", default="idle,core,gpu,late")
     parser.add_argument("--rounds", type=int, default=5, help="processes per side and size in the alternate phase")
     parser.add_argument("--sizes", help="sizes for --peer (default: every size of the idle sweeps)")
+    parser.add_argument("--alternate-sizes", default=",".join(map(str, ALTERNATE_SIZES)))
+    parser.add_argument("--warmups", help="GPU end_to_end warm-ups (s) to compare in the alternate phase")
     args = parser.parse_args()
     if args.peer:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
@@ -318,19 +346,23 @@ def main() -> None:
         return
     results: dict[str, Any] = {"threads": args.threads, "cores": len(os.sched_getaffinity(0)), "idle": []}
     phases = args.phases.split(",")
+
+    def save() -> None:  # after every phase: a run cut off at its limit keeps what it measured
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(results, indent=1, default=str))
+
     with tempfile.TemporaryDirectory() as scratch:
         for name, phase in (
             ("idle", lambda: idle_phase(args, results)),
             ("core", lambda: core_phase(args, results)),
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
             ("late", lambda: late_phase(args, results, Path(scratch))),
-            ("alternate", lambda: alternate_phase(args, results)),
+            ("alternate", lambda: alternate_phase(args, results, save)),
         ):
             if name in phases:
                 phase()
-                if args.out:  # saved after every phase: a run cut off at its limit keeps what it measured
-                    args.out.parent.mkdir(parents=True, exist_ok=True)
-                    args.out.write_text(json.dumps(results, indent=1, default=str))
+                save()
 
 
 if __name__ == "__main__":
