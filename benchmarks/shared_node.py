@@ -39,7 +39,7 @@ from monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from monitor.crossover import find_crossover  # noqa: E402
 from monitor.model import MODES  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
-from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings  # noqa: E402
+from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 # 96 and 160 beside 128: on the H200 the compute crossover sits near 128, where one noisy size decides
@@ -49,8 +49,12 @@ ALTERNATE_SIZES = (256, 512, 1024, 2048)
 TARGETS = {"cpu": (256, 0.05), "gpu compute": (1024, 0.02), "gpu end_to_end": (1024, 0.05)}
 
 
-def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]]:
-    """The peer tool's medians: {'cpu compute'|'cpu end_to_end'|'gpu compute'|'gpu end_to_end': {n: s}}."""
+def peer(sizes: list[int], threads: int, gpu: str, *, e2e_first: bool = False) -> dict[str, dict[int, float]]:
+    """The peer tool's medians: {'cpu compute'|'cpu end_to_end'|'gpu compute'|'gpu end_to_end': {n: s}}.
+
+    ``e2e_first`` times the GPU's end_to_end case before its compute case, as the service's worker
+    does (its GPU end_to_end point follows the CPU's, with the GPU idle), not right after GPU compute.
+    """
     import torch  # noqa: PLC0415
     from torch.utils import benchmark  # noqa: PLC0415
 
@@ -64,8 +68,12 @@ def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]
         }
         if torch.cuda.is_available():  # the CPU side alone on a machine without a GPU
             ga, gb = a.to(device), b.to(device)
-            cases["gpu compute"] = ("torch.matmul(ga, gb)", {"ga": ga, "gb": gb})
-            cases["gpu end_to_end"] = ("torch.matmul(a.to(d), b.to(d)).cpu()", {"a": a, "b": b, "d": device})
+            gpu_cases: dict[str, tuple[str, dict[str, Any]]] = {
+                "gpu compute": ("torch.matmul(ga, gb)", {"ga": ga, "gb": gb}),
+                "gpu end_to_end": ("torch.matmul(a.to(d), b.to(d)).cpu()", {"a": a, "b": b, "d": device}),
+            }
+            for name in sorted(gpu_cases, reverse=e2e_first):
+                cases[name] = gpu_cases[name]
         for name, (stmt, globals_) in cases.items():
             timer = benchmark.Timer(stmt=stmt, globals={**globals_, "torch": torch}, num_threads=threads)
             # Warm-up, as the service's worker has: a process timing one size only read the GPU ~15 us
@@ -76,7 +84,9 @@ def peer(sizes: list[int], threads: int, gpu: str) -> dict[str, dict[int, float]
     return found
 
 
-def run_peer(threads: int, gpu: str, sizes: tuple[int, ...] = SIZES) -> dict[str, dict[int, float]]:
+def run_peer(
+    threads: int, gpu: str, sizes: tuple[int, ...] = SIZES, *, e2e_first: bool = False
+) -> dict[str, dict[int, float]]:
     done = subprocess.run(
         [
             sys.executable,
@@ -88,6 +98,7 @@ def run_peer(threads: int, gpu: str, sizes: tuple[int, ...] = SIZES) -> dict[str
             gpu,
             "--sizes",
             ",".join(map(str, sizes)),
+            *(["--peer-e2e-first"] if e2e_first else []),
         ],
         capture_output=True,
         text=True,
@@ -103,7 +114,6 @@ def sweep(
     sizes: tuple[int, ...] = SIZES,
     *,
     refine: bool = True,
-    timing: TimingSettings | None = None,
 ) -> dict[str, Any]:
     bench = BenchmarkSettings(
         backend="torch",
@@ -112,7 +122,6 @@ def sweep(
         modes=MODES,
         cpu_threads=threads,
         refine=RefineSettings(enabled=refine, tolerance=0.05, budget_s=20),
-        timing=timing or TimingSettings(),
     )
     started = time.monotonic()
     outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=300, cancel=threading.Event())
@@ -281,23 +290,18 @@ def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path)
 
 
 def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
-    """Service and peer alternated size by size, each in fresh processes, ``--rounds`` times.
-
-    With ``--warmups`` the service runs once per GPU end_to_end warm-up named (side "service-<s>s"),
-    so that settings are compared in the same run, alternating with the peer.
-    """
-    warmups = [float(w) for w in args.warmups.split(",")] if args.warmups else [None]
+    """Service and peer alternated size by size, each in fresh processes, ``--rounds`` times."""
     sizes = [int(n) for n in args.alternate_sizes.split(",")]
     rows: dict[str, dict[int, dict[str, list[float]]]] = {}
-    results["alternate"] = {"rounds": args.rounds, "warmups": warmups, "times": rows}
+    results["alternate"] = {"rounds": args.rounds, "times": rows}
     for n in sizes:
         for round_ in range(args.rounds):
-            sides: list[tuple[str, dict[str, dict[str, dict[int, float]]]]] = []
-            for warmup in warmups:
-                timing = None if warmup is None else TimingSettings(gpu_end_to_end_warmup_s=warmup)
-                side = "service" if warmup is None else f"service-{warmup:g}s"
-                sides.append((side, sweep(args.threads, sizes=(n,), refine=False, timing=timing).get("curves", {})))
-            sides.append(("peer", {args.gpu: run_peer(args.threads, args.gpu, (n,))}))
+            sides = [
+                ("service", sweep(args.threads, sizes=(n,), refine=False).get("curves", {})),
+                ("peer", {args.gpu: run_peer(args.threads, args.gpu, (n,))}),
+            ]
+            if args.peer_e2e_first:  # the peer once more, its GPU end_to_end case before its compute case
+                sides.append(("peer-e2e-first", {args.gpu: run_peer(args.threads, args.gpu, (n,), e2e_first=True)}))
             for side, by_device in sides:
                 for device, curves in by_device.items():
                     for name, points in curves.items():
@@ -338,11 +342,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="processes per side and size in the alternate phase")
     parser.add_argument("--sizes", help="sizes for --peer (default: every size of the idle sweeps)")
     parser.add_argument("--alternate-sizes", default=",".join(map(str, ALTERNATE_SIZES)))
-    parser.add_argument("--warmups", help="GPU end_to_end warm-ups (s) to compare in the alternate phase")
+    parser.add_argument(
+        "--peer-e2e-first", action="store_true", help="the peer times GPU end_to_end before GPU compute"
+    )
     args = parser.parse_args()
     if args.peer:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
-        print(json.dumps(peer(sizes, args.threads, args.gpu)))
+        print(json.dumps(peer(sizes, args.threads, args.gpu, e2e_first=args.peer_e2e_first)))
         return
     results: dict[str, Any] = {"threads": args.threads, "cores": len(os.sched_getaffinity(0)), "idle": []}
     phases = args.phases.split(",")

@@ -298,17 +298,6 @@ class TimingSettings:
     warmup_calls: int = field(
         default=2, metadata=key("warmup_calls", "integer", "untimed calls per point before calibration", minimum=1)
     )
-    # A GPU that sat idle through the CPU's point of the same size reads its end_to_end calls 5-13% slow
-    # for their first few hundred milliseconds (one H200, n=1024; benchmarks/README.md): the default
-    # 2 warm-up calls left every such point 4-9% above a steady-state peer tool.
-    gpu_end_to_end_warmup_s: float = field(
-        default=0.5,
-        metadata=key(
-            "gpu_end_to_end_warmup",
-            "duration",
-            "a GPU's end_to_end point warms up for at least this long (0: warmup_calls only)",
-        ),
-    )
     block_s: float = field(
         default=0.02, metadata=key("block_time", "positive_duration", "a timed block lasts at least this")
     )

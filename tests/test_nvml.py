@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,32 @@ def test_a_binding_that_raises_something_else_is_still_a_guard_error(monkeypatch
     monkeypatch.setattr(nvml, "pynvml", fake)
     with pytest.raises(GuardUnavailable, match="driver too old"):
         nvml.NvmlProbe().sample(GPU)
+
+
+def test_a_look_asks_nvml_only_for_what_can_have_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's maxima (SM clock, PCIe link) are read once; per-process samples only while a process is listed.
+
+    Those calls were two thirds of a look's 5 ms on an H200 (benchmarks/results/nvml-calls-h200-2026-12-01.json).
+    """
+    fake = _fake_pynvml()
+    asked: Counter[str] = Counter()
+    for name in (
+        "nvmlDeviceGetMaxClockInfo",
+        "nvmlDeviceGetMaxPcieLinkGeneration",
+        "nvmlDeviceGetMaxPcieLinkWidth",
+        "nvmlDeviceGetProcessUtilization",
+    ):
+        call = getattr(fake, name)
+        setattr(fake, name, lambda *args, _name=name, _call=call: (asked.update([_name]), _call(*args))[1])
+    listed: list[object] = []
+    fake.nvmlDeviceGetComputeRunningProcesses = lambda _h: listed
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    probe = nvml.NvmlProbe()
+    assert probe.sample(GPU).processes == ()
+    assert asked["nvmlDeviceGetProcessUtilization"] == 0
+    listed.append(types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=600 * 2**20))  # the worker's context
+    second = probe.sample(GPU)
+    assert [p.pid for p in second.processes] == [os.getpid()]
+    assert asked["nvmlDeviceGetProcessUtilization"] == 1
+    assert (second.sm_clock_max_hz, second.pcie_generation_max, second.pcie_width_max) == (1.98e9, 5, 16)
+    assert {asked[name] for name in asked if "Max" in name} == {1}

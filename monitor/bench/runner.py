@@ -123,12 +123,7 @@ class _Session:
             verdict = self.guard.before_gpu_point(device)
             timing = None
             if verdict is None:
-                timing = measure(
-                    self.backend.prepare(device, size, dtype, mode),
-                    self.plan.timing,
-                    self.clock,
-                    warmup_s=self.plan.timing.gpu_end_to_end_warmup_s if mode == "end_to_end" else 0.0,
-                )
+                timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
                 verdict = self.guard.after_gpu_point(device)
             # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran.
             # (Busy at its first point is a job that was there first, or one the guard could only see

@@ -51,18 +51,11 @@ def calibrate(run: RunBlock, block_s: float, clock: Clock) -> int:
     return calls
 
 
-def measure(run: RunBlock, settings: TimingSettings, clock: Clock, *, warmup_s: float = 0.0) -> Timing:
-    """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent.
-
-    The warm-up is ``warmup_calls`` calls, and more until ``warmup_s`` has passed; the point's budget
-    counts from its end.
-    """
-    warming = clock()
-    calls = 0
-    while calls < settings.warmup_calls or (clock() - warming < warmup_s and calls < MAX_CALLS_PER_BLOCK):
-        run(1)
-        calls += 1
+def measure(run: RunBlock, settings: TimingSettings, clock: Clock) -> Timing:
+    """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent."""
     started = clock()
+    for _ in range(settings.warmup_calls):
+        run(1)
     calls = calibrate(run, settings.block_s, clock)
     samples: list[float] = []
     while True:
