@@ -476,6 +476,15 @@ class GuardSettings:
             maximum=MAX_COUNT,
         ),
     )
+    # A GPU point whose host side waited for a CPU longer than this share of it is disturbed (its time includes it).
+    gpu_max_host_wait: float = field(
+        default=0.05,
+        metadata=key(
+            "gpu_max_host_wait",
+            "fraction",
+            "a GPU point whose timing thread waited for a CPU more than this share of it is disturbed",
+        ),
+    )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
         default=60.0,
         metadata=key(

@@ -125,6 +125,7 @@ KEYS = {
         "gpu_max_other_processes",
         "gpu_idle_process_max_mib",
         "cpu_max_other_cores",
+        "gpu_max_host_wait",
         "retry_interval",
     ],
     "server": ["listen"],

@@ -85,10 +85,11 @@ class CountingBackend(CurveBackend):
 
 
 class FakeHost:
-    """Other processes' load, per timed CPU window, from a list (the last value repeats)."""
+    """Other processes' load and the worker's own wait for a CPU, per timed window, from lists (the last repeats)."""
 
-    def __init__(self, loads: list[float], cores: int = 4) -> None:
+    def __init__(self, loads: list[float], cores: int = 4, waits: list[float | None] | None = None) -> None:
         self.loads = loads
+        self.waits = waits or [0.0]
         self.windows = 0
         self._cores = cores
 
@@ -100,8 +101,9 @@ class FakeHost:
 
     def stop(self, started: object) -> HostLoad:
         load = self.loads[min(self.windows, len(self.loads) - 1)]
+        wait = self.waits[min(self.windows, len(self.waits) - 1)]
         self.windows += 1
-        return HostLoad(other_cores=load, throttled_s=0.0)
+        return HostLoad(other_cores=load, throttled_s=0.0, own_wait=wait)
 
 
 def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any) -> Guard:
@@ -420,6 +422,111 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     assert guard.time_cpu_point(device, 2, lambda: None) is None
 
 
+def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
+    """Its time includes the wait: timed again once, then withheld as cpu_contended; the CPU goes on."""
+    host = FakeHost([0.0], waits=[0.3])
+    backend, messages = _run(_guard(FakeProbe(lambda _: IDLE), host))
+    (gpu,) = _withheld(messages)
+    assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.CPU_CONTENDED)
+    assert "waited for a CPU 30% of the time its point ran" in gpu.detail
+    assert "(timed twice)" in gpu.detail
+    assert not _timed(messages, "/GPU:0")
+    assert len(_timed(messages, "/CPU:0")) == 5  # the CPU's own criterion is others' load, and there was none
+    assert backend.blocks["/GPU:0"] > 0
+
+
+def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_no_reason() -> None:
+    """A burst that passed: the retry was clean. A kernel without schedstat: nothing to go on, nothing withheld."""
+    # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), then clean.
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0])))
+    assert not _withheld(messages)
+    assert len(_timed(messages, "/GPU:0")) == 5
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
+    assert not _withheld(messages)
+
+
+def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:
+    """Both at once at a GPU point: the job's arrival decides (busy, the rest yielded), not the host's load."""
+    probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
+    host = FakeHost([0.0], waits=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3])  # the third GPU point's windows waited
+    _, messages = _run(_guard(probe, host))
+    gpu, cpu = _withheld(messages)
+    assert (gpu.reason, cpu.reason) == (WithheldReason.GPU_BUSY, WithheldReason.YIELDED)
+
+
+def test_proc_stat_meter_measures_how_long_this_process_waited_for_a_cpu() -> None:
+    """The real meter: this process sharing one core with a spinner waits about half the time; alone, hardly."""
+    script = r"""
+import os, subprocess, sys, time
+from monitor.bench.hostinfo import ProcStatMeter
+os.sched_setaffinity(0, {0})
+meter = ProcStatMeter()
+
+def spin_window():
+    started, end = meter.start(), time.perf_counter() + 1.0
+    while time.perf_counter() < end:
+        pass
+    return meter.stop(started).own_wait
+
+alone = spin_window()
+spinner = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
+time.sleep(0.3)
+shared = spin_window()
+spinner.kill()
+print(alone, shared)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    alone, shared = (float(x) for x in done.stdout.split())
+    assert alone < 0.05, done.stdout
+    assert 0.3 < shared < 0.7, done.stdout  # CFS shares the core about evenly
+
+
+def test_proc_stat_meter_without_schedstat_says_the_wait_is_unknown(tmp_path: Path) -> None:
+    """A kernel without schedstat: own_wait is None (unknown, so no GPU point is withheld for it), not 0."""
+    meter = ProcStatMeter(schedstat=tmp_path / "no-schedstat")
+    assert meter.stop(meter.start()).own_wait is None
+    (tmp_path / "schedstat").write_text("1000 2500000000 7\n")  # ns on CPU, ns waiting, timeslices
+    meter = ProcStatMeter(schedstat=tmp_path / "schedstat")
+    started = meter.start()
+    (tmp_path / "schedstat").write_text("1000 2600000000 8\n")
+    load = meter.stop(started)
+    assert load.own_wait == pytest.approx(0.1 / load.wall_s)
+
+
+def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> None:
+    """The real worker (a fake GPU that spins its thread), idle and then beside twice as many spinners as cores."""
+    plan = dataclasses.replace(
+        make_plan("tests.fakes:curve", sizes=(16, 32), modes=("compute",)), guard=GuardSettings(require_nvml=False)
+    )
+
+    def sweep() -> SweepOutcome:
+        outcome = run_sweep(plan, timeout_s=120, cancel=threading.Event())
+        assert outcome.snapshot is not None, outcome.reason
+        return outcome
+
+    idle = sweep().snapshot
+    assert idle is not None
+    assert "/GPU:0" not in idle.withheld_devices, idle.withheld
+    # Each in its own session, as other programs on a node are: the kernel shares CPU time between sessions
+    # (autogroups) or services (cgroups) first, so spinners sharing the test's session would barely touch the worker.
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+        for _ in range(2 * len(os.sched_getaffinity(0)))
+    ]
+    try:
+        time.sleep(0.5)  # each spinner started and spinning
+        busy = sweep().snapshot
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert busy is not None
+    (gpu,) = [w for w in busy.withheld if w.device == "/GPU:0"]
+    assert gpu.reason is WithheldReason.CPU_CONTENDED
+    assert "waited for a CPU" in gpu.detail
+    assert not [m for m in busy.measurements if m.key.device == "/GPU:0"]
+
+
 def test_proc_stat_meter_tells_the_hypervisors_steal_apart(tmp_path: Path) -> None:
     """Steal on the worker's vCPUs is others' load, and is also reported on its own, in cores."""
     stat = tmp_path / "stat"
@@ -449,11 +556,12 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
             load = super().stop(started)
             return dataclasses.replace(load, steal_cores=load.other_cores / 2)
 
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.6, 0.2])))
+    # Windows alternate CPU point, GPU point (n = 1, then each size); a GPU point's window counts for no CPU figure.
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
     # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 3.0, 0.2], cores=1)))
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 

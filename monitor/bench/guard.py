@@ -2,9 +2,10 @@
 
 A GPU is looked at (through a ``GpuProbe``, NVML in production) before and after each of its
 points: another program's process on it, or utilisation while this worker is not using it,
-makes it busy, and its points of this sweep are withheld. The CPU's points are timed inside a
-window over which the host's load from other processes is measured (``HostMeter``); a point
-during which others used cores the worker's threads needed is timed again once, then withheld.
+makes it busy, and its points of this sweep are withheld. Every point is timed inside a
+window over which the host meter (``HostMeter``) measures the host's load from other processes
+and how long the worker's timing thread waited for a CPU: a CPU point during which others used cores
+its threads needed, or a GPU point whose host side waited for a CPU, is timed again once, then withheld.
 Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
 
 Pure apart from the probes, clock and sleep it is given, so that tests drive it with fakes.
@@ -83,6 +84,9 @@ class HostLoad:
     # The hypervisor's share of other_cores: time the VM's vCPUs waited for the host (steal), in cores.
     # Unlike another process it lands on the worker's own vCPUs, which the guest cannot route around.
     steal_cores: float = 0.0
+    # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
+    # worker's own threads, had them all); None where the kernel does not say.
+    own_wait: float | None = None
 
 
 class HostMeter(Protocol):
@@ -132,7 +136,6 @@ class _CpuRecord:
     steal_cores_max: float = 0.0
 
     def note(self, load: HostLoad) -> None:
-        """The load of the try that counts (a disturbed first try that was timed again does not)."""
         self.other_cores_max = max(self.other_cores_max, load.other_cores)
         self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
 
@@ -233,7 +236,7 @@ class Guard:
         )
         return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.UNGUARDED, detail=detail)
 
-    # --- the CPU ----------------------------------------------------------------------------
+    # --- the host's cores ------------------------------------------------------------------
 
     def time_cpu_point(self, device: DeviceInfo, threads: int, measure: Callable[[], object]) -> Withheld | None:
         """Run ``measure`` (one CPU point) under the host meter; retry once if others disturbed it.
@@ -241,34 +244,75 @@ class Guard:
         Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
         beyond that, one of its threads shares a core with them and every parallel call waits for it.
         """
-        if not self._settings.enabled or self._host is None:
+        host = self._host
+        if not self._settings.enabled or host is None:
             measure()
             return None
-        allowed = max(0, self._host.cores() - threads) + self._settings.cpu_max_other_cores
-        record = self._cpus.setdefault(device.device, _CpuRecord())
+        cores = host.cores()
+        allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
+
+        def problems(load: HostLoad) -> list[str]:
+            if load.other_cores <= allowed:
+                return []
+            used = f"other processes used {load.other_cores:.2f} cores of the {cores} this worker may use"
+            return [f"{used}, where its {threads} threads leave room for {allowed:.2f}"]
+
+        return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
+
+    def time_gpu_point(self, device: DeviceInfo, measure: Callable[[], object]) -> Withheld | None:
+        """Run ``measure`` (one GPU point) under the host meter; retry once if its host side waited for a CPU.
+
+        A GPU point's host side (launches, copies from pageable memory, the wait at each block's end)
+        runs on the thread that times it: if that thread sat runnable without a CPU for more than
+        ``gpu_max_host_wait`` of the point, the GPU's time includes that wait. Others' load alone
+        cannot tell, since it cannot exceed what the worker leaves them.
+        """
+        host = self._host
+        if not self._settings.enabled or host is None:
+            measure()
+            return None
+
+        def problems(load: HostLoad) -> list[str]:
+            if load.own_wait is None or load.own_wait <= self._settings.gpu_max_host_wait:
+                return []
+            others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()}"
+            return [f"the worker's thread waited for a CPU {load.own_wait:.0%} of the time its point ran ({others})"]
+
+        return self._metered(host, device, measure, problems, record=None)
+
+    def _metered(
+        self,
+        host: HostMeter,
+        device: DeviceInfo,
+        measure: Callable[[], object],
+        problems: Callable[[HostLoad], list[str]],
+        record: _CpuRecord | None,
+    ) -> Withheld | None:
+        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it."""
+        found: list[str] = []
         load = HostLoad(0.0, 0.0, 1.0)
         for attempt in range(2):
             if attempt:
                 self._sleep(CPU_RETRY_PAUSE_S)
-            started = self._host.start()
+            started = host.start()
             measure()
-            load = self._host.stop(started)
-            record.throttled_s += load.throttled_s
-            if load.other_cores <= allowed and load.throttled_s <= _THROTTLING_TOLERATED * load.wall_s:
-                record.note(load)
-                return None
-        record.note(load)
-        problems = []
-        if load.other_cores > allowed:
-            problems.append(
-                f"other processes used {load.other_cores:.2f} cores of the {self._host.cores()} this worker may use, "
-                f"where its {threads} threads leave room for {allowed:.2f}"
-            )
-        if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
-            problems.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
-        detail = "; ".join(problems) + " (timed twice)"
+            load = host.stop(started)
+            found = problems(load)
+            if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
+                found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
+            if record is not None:
+                record.throttled_s += load.throttled_s
+            if not found:
+                break
+        if record is not None:
+            record.note(load)  # the load of the try that counts (a disturbed first try timed again does not)
+        if not found:
+            return None
         return Withheld(
-            backend=device.backend, device=device.device, reason=WithheldReason.CPU_CONTENDED, detail=detail
+            backend=device.backend,
+            device=device.device,
+            reason=WithheldReason.CPU_CONTENDED,
+            detail="; ".join(found) + " (timed twice)",
         )
 
     # --- what the hardware looked like ------------------------------------------------------

@@ -79,6 +79,7 @@ class _Reading:
     own_s: float  # CPU time of this process, all its threads
     wall_s: float
     throttled_s: float
+    own_wait_s: float | None  # time the calling thread was runnable but not running (None: unknown)
 
 
 class ProcStatMeter:
@@ -88,8 +89,15 @@ class ProcStatMeter:
     core; ``stop`` takes the statistical part of it (√cores ticks) off before reporting.
     """
 
-    def __init__(self, *, proc_stat: Path = Path("/proc/stat"), root: Path = CGROUP_ROOT) -> None:
+    def __init__(
+        self,
+        *,
+        proc_stat: Path = Path("/proc/stat"),
+        root: Path = CGROUP_ROOT,
+        schedstat: Path = Path("/proc/thread-self/schedstat"),
+    ) -> None:
         self._proc_stat = proc_stat
+        self._schedstat = schedstat
         self._cores = sorted(os.sched_getaffinity(0))
         self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         self._cpu_stat = _cgroup_file(root, "cpu.stat")
@@ -108,7 +116,20 @@ class ProcStatMeter:
                 busy_ticks += sum(values) - values[3] - values[4]
                 steal_ticks += values[7]
         tick, throttled = self._tick_s, self._throttled_s()
-        return _Reading(busy_ticks * tick, steal_ticks * tick, time.process_time(), time.monotonic(), throttled)
+        return _Reading(
+            busy_ticks * tick, steal_ticks * tick, time.process_time(), time.monotonic(), throttled, self._own_wait_s()
+        )
+
+    def _own_wait_s(self) -> float | None:
+        """The calling thread's run-queue wait so far (schedstat's second field, in ns).
+
+        The thread that times a point, not all of the worker's: a GPU point's host side runs on it,
+        while a framework's idle CPU threads spinning down after a CPU point do not delay it.
+        """
+        try:
+            return int(self._schedstat.read_text().split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return None  # a kernel without schedstat
 
     def _throttled_s(self) -> float:
         if self._cpu_stat is None:
@@ -139,6 +160,11 @@ class ProcStatMeter:
             throttled_s=max(0.0, now.throttled_s - started.throttled_s),
             wall_s=wall,
             steal_cores=max(0.0, now.steal_s - started.steal_s - rounding) / wall,
+            own_wait=(
+                max(0.0, now.own_wait_s - started.own_wait_s) / wall
+                if now.own_wait_s is not None and started.own_wait_s is not None
+                else None
+            ),
         )
 
 

@@ -123,8 +123,14 @@ class _Session:
             verdict = self.guard.before_gpu_point(device)
             timing = None
             if verdict is None:
-                timing = measure(self.backend.prepare(device, size, dtype, mode), self.plan.timing, self.clock)
-                verdict = self.guard.after_gpu_point(device)
+                run = self.backend.prepare(device, size, dtype, mode)
+                timings: list[Timing] = []
+                waited = self.guard.time_gpu_point(
+                    device, lambda: timings.append(measure(run, self.plan.timing, self.clock))
+                )
+                timing = timings[-1]
+                # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
+                verdict = self.guard.after_gpu_point(device) or waited
             # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran.
             # (Busy at its first point is a job that was there first, or one the guard could only see
             # once the worker's own context joined it in a separate PID namespace: no reason to stop.)
@@ -134,7 +140,7 @@ class _Session:
                 return None
         else:
             run = self.backend.prepare(device, size, dtype, mode)
-            timings: list[Timing] = []
+            timings = []
             threads = int(dict(device.details).get("threads", "0")) or 1
             verdict = self.guard.time_cpu_point(
                 device, threads, lambda: timings.append(measure(run, self.plan.timing, self.clock))
