@@ -18,7 +18,7 @@ from monitor.carry import trimmed
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
-from monitor.model import RETRIED_REASONS, ServiceState, Snapshot, SweepOutcome, SweepResult
+from monitor.model import ServiceState, Snapshot, SweepOutcome, SweepResult
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
@@ -191,12 +191,7 @@ class Service:
     def _retry_busy(self) -> None:
         """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
         latest = self._store.read().latest
-        kinds = {d.device: d.kind for d in latest.devices} if latest else {}
-        busy = (
-            sorted(w.device for w in latest.withheld if w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu")
-            if latest
-            else []
-        )
+        busy = latest.gpus_to_retry if latest else ()
         if not busy or latest is None:
             return
         cpus = [d.device for d in latest.devices if d.kind == "cpu"]
@@ -295,7 +290,7 @@ class Service:
         latest = self._store.read().latest
         if interval <= 0 or latest is None or self._stopping.is_set():
             return
-        if not any(w.reason in RETRIED_REASONS for w in latest.withheld):
+        if not latest.gpus_to_retry:
             return
         due = self._scheduler.next_run_at()
         if due is not None and due - time.time() <= interval:

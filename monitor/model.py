@@ -57,7 +57,8 @@ class WithheldReason(enum.Enum):
     """Why a device's timings of one sweep were not published: another program was using it."""
 
     GPU_BUSY = "gpu_busy"  # other processes or utilisation on the GPU before or while it was timed
-    CPU_CONTENDED = "cpu_contended"  # other processes used cores the CPU timing needed
+    # Other processes used cores the CPU timing needed; on a GPU, the thread timing it queued for a CPU.
+    CPU_CONTENDED = "cpu_contended"
     UNGUARDED = "unguarded"  # the guard could not look (NVML missing or failing), so it did not time the GPU
     # A job started on a GPU while the sweep ran: the rest of the sweep was given up to stay out of its way.
     YIELDED = "yielded"
@@ -190,7 +191,7 @@ class DeviceFailure:
 
 
 # GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
-RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED})
+RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +261,14 @@ class Snapshot:
     @property
     def withheld_devices(self) -> frozenset[str]:
         return frozenset(w.device for w in self.withheld)
+
+    @property
+    def gpus_to_retry(self) -> tuple[str, ...]:
+        """The GPUs withheld for a reason that may pass (busy, yielded, contended), to be tried again."""
+        kinds = {d.device: d.kind for d in self.devices}
+        return tuple(
+            sorted(w.device for w in self.withheld if w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu")
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from monitor.carry import merge
-from monitor.model import RETRIED_REASONS, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
 
 
 class StateStore:
@@ -42,7 +42,7 @@ class StateStore:
             snapshot = outcome.snapshot
             if snapshot is None or outcome.result is not SweepResult.SUCCESS:
                 result = RetryResult.FAILED
-            elif any(w.reason in RETRIED_REASONS for w in snapshot.withheld):
+            elif snapshot.gpus_to_retry:
                 result = RetryResult.BUSY
             else:
                 result = RetryResult.MEASURED

@@ -252,10 +252,13 @@ class Guard:
         allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
 
         def problems(load: HostLoad) -> list[str]:
-            if load.other_cores <= allowed:
-                return []
-            used = f"other processes used {load.other_cores:.2f} cores of the {cores} this worker may use"
-            return [f"{used}, where its {threads} threads leave room for {allowed:.2f}"]
+            found = []
+            if load.other_cores > allowed:
+                used = f"other processes used {load.other_cores:.2f} cores of the {cores} this worker may use"
+                found.append(f"{used}, where its {threads} threads leave room for {allowed:.2f}")
+            if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
+                found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
+            return found
 
         return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
 
@@ -273,10 +276,11 @@ class Guard:
             return None
 
         def problems(load: HostLoad) -> list[str]:
+            # Quota throttling is the CPU's criterion: the container's counter covers all of the worker's threads.
             if load.own_wait is None or load.own_wait <= self._settings.gpu_max_host_wait:
                 return []
-            others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()}"
-            return [f"the worker's thread waited for a CPU {load.own_wait:.0%} of the time its point ran ({others})"]
+            others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
+            return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
 
         return self._metered(host, device, measure, problems, record=None)
 
@@ -298,8 +302,6 @@ class Guard:
             measure()
             load = host.stop(started)
             found = problems(load)
-            if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
-                found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
             if record is not None:
                 record.throttled_s += load.throttled_s
             if not found:

@@ -124,7 +124,8 @@ class ProcStatMeter:
         """The calling thread's run-queue wait so far (schedstat's second field, in ns).
 
         The thread that times a point, not all of the worker's: a GPU point's host side runs on it,
-        while a framework's idle CPU threads spinning down after a CPU point do not delay it.
+        and the wait of a framework's CPU threads spinning down after a CPU point counts only where it
+        kept this thread from a CPU.
         """
         try:
             return int(self._schedstat.read_text().split()[1]) / 1e9

@@ -171,13 +171,15 @@ class NvmlProbe:
 
         utilization = read(pynvml.nvmlDeviceGetUtilizationRates)
         sm_clock = read(pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM)
-        if device.device not in self._maxima:  # fixed for a device; the max clock alone took 1.5 ms a look
-            self._maxima[device.device] = (
-                read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
-                read(pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
-                read(pynvml.nvmlDeviceGetMaxPcieLinkWidth),
-            )
-        sm_clock_max, pcie_generation_max, pcie_width_max = self._maxima[device.device]
+        # Fixed for a device (the max clock alone took 1.5 ms a look): kept once all three were read.
+        maxima = self._maxima.get(device.device) or (
+            read(pynvml.nvmlDeviceGetMaxClockInfo, pynvml.NVML_CLOCK_SM),
+            read(pynvml.nvmlDeviceGetMaxPcieLinkGeneration),
+            read(pynvml.nvmlDeviceGetMaxPcieLinkWidth),
+        )
+        if None not in maxima:
+            self._maxima[device.device] = maxima
+        sm_clock_max, pcie_generation_max, pcie_width_max = maxima
         # The newer name where the driver has it; older drivers only know the "throttle" one.
         events = read(getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", _missing))
         if events is None:
