@@ -481,8 +481,10 @@ class GuardSettings:
         default=0.05,
         metadata=key(
             "gpu_max_host_wait",
-            "fraction",
-            "a GPU point whose timing thread waited for a CPU more than this share of it is disturbed",
+            "number",
+            "a GPU point whose timing thread waited for a CPU more than this share of it is disturbed (1: never)",
+            minimum=0,
+            maximum=1,
         ),
     )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
