@@ -13,7 +13,8 @@ end_to_end block (``TorchBackend.prepare``) call by call after four precondition
 After each, 400 single calls are timed (medians per window of calls), then, after the same
 precondition again, the service's ``measure`` with its default settings. SM clock and PCIe link
 are read through NVML before and after. Then the guard's own cost: ``NvmlProbe.sample`` and the
-host meter's start/stop, 200 times each, and one sample in full (do the violation counters answer?).
+host meter's start/stop, 200 times each (the probe on an empty GPU, then with this process's context on
+it), and one sample in full (do the violation counters answer?). ``--sizes ''`` measures the cost alone.
 
     python3 benchmarks/e2e_ramp.py --threads 15 --out results/e2e-ramp.json
 """
@@ -107,7 +108,8 @@ def guard_cost(threads: int) -> dict[str, Any]:
     from monitor.bench.nvml import NvmlProbe  # noqa: PLC0415
     from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
 
-    gpu = next(d for d in TorchBackend(BackendOptions(tf32=False, cpu_threads=threads)).discover() if d.kind == "gpu")
+    backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
+    gpu = next(d for d in backend.discover() if d.kind == "gpu")
     probe, meter = NvmlProbe(), ProcStatMeter()
 
     def timed(call: Any, times: int = 200) -> dict[str, float]:
@@ -123,8 +125,12 @@ def guard_cost(threads: int) -> dict[str, Any]:
             "max_us": round(spent[-1] * 1e6, 1),
         }
 
+    listed_before = len(probe.sample(gpu).processes)  # 0: the per-process samples are skipped
+    empty = timed(lambda: probe.sample(gpu))
+    backend.prepare(gpu, 256, "float32", "compute")(1)  # this process's context on it, as the worker's is
     sample = probe.sample(gpu)
     return {
+        "nvml_sample_empty_gpu": {**empty, "processes_listed": listed_before},
         "nvml_sample": timed(lambda: probe.sample(gpu)),
         "host_meter_start_stop": timed(lambda: meter.stop(meter.start())),
         "one_sample": {k: (str(v) if k == "processes" else v) for k, v in sample.__dict__.items()},
@@ -140,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     result: dict[str, Any] = {"guard_cost": guard_cost(args.threads), "ramps": []}
     print(json.dumps(result["guard_cost"]), flush=True)
-    for n in (int(s) for s in args.sizes.split(",")):
+    for n in (int(s) for s in args.sizes.split(",") if s):  # --sizes '': the guard's cost alone
         found = ramp(n, args.threads, args.repeats)
         result["ramps"].append(found)
         print(json.dumps({"n": n, "summary": found["summary"]}), flush=True)

@@ -10,6 +10,8 @@ Everything the service publishes is compared with ``torch.utils.benchmark.Timer.
 3. one GPU kept busy by another process (a bf16 GEMM loop): that GPU withheld, the other measured
    within the idle targets, and the busy process's own throughput while the sweep runs;
 4. the same job starting on a GPU mid-sweep: that GPU withheld from then on, and what the job lost;
+4b. ``crowded``: busy loops in their own sessions on half the cores (the GPU's points stand, their
+   timing thread's wait for a CPU near 0), then on twice the cores (the GPU withheld as cpu_contended);
 5. ``alternate``: service and peer alternated size by size, each point in fresh processes (a one-size
    sweep, then the peer), ``--rounds`` times: on VMs whose fresh processes differ by up to 1.5x, the
    median over several processes per side is what a 5% comparison needs.
@@ -108,6 +110,9 @@ def run_peer(
     return {k: {int(n): t for n, t in v.items()} for k, v in raw.items()}
 
 
+BACKEND = {"name": "torch"}  # the service's backend (--backend); the peer is torch's whatever it is
+
+
 def sweep(
     threads: int,
     devices: tuple[str, ...] | None = None,
@@ -116,7 +121,7 @@ def sweep(
     refine: bool = True,
 ) -> dict[str, Any]:
     bench = BenchmarkSettings(
-        backend="torch",
+        backend=BACKEND["name"],
         devices=devices,
         sizes=sizes,
         modes=MODES,
@@ -156,10 +161,15 @@ def ratios(service: dict[str, Any], reference: dict[str, dict[int, float]], gpu:
     out: dict[str, dict[int, float]] = {}
     for device, curves in service.get("curves", {}).items():
         for name, points in curves.items():
-            if device not in ("cpu", gpu):
+            if _index(device) not in ("cpu", _index(gpu)):
                 continue
             out[name] = {n: t / reference[name][n] for n, t in points.items() if n in reference.get(name, {})}
     return out
+
+
+def _index(device: str) -> str:
+    """'cpu' for a CPU, else the GPU's index: 'cuda:1' (torch) and 'gpu:1' or 'cuda:1' (JAX) are both '1'."""
+    return "cpu" if device.lower() in ("cpu", "cpu:0") else device.rsplit(":", 1)[-1]
 
 
 def gemm_loop(gpu: str, seconds: float, report: Path) -> subprocess.Popen[bytes]:
@@ -207,7 +217,9 @@ def idle_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
         }
         results["idle"].append(row)
         print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
-        print(f"  peer brackets {row['peer_brackets']}")
+        print(f"  peer brackets {row['peer_brackets']} withheld {service.get('withheld')}")
+        waits = {h["device"]: h.get("gpu_host_wait") for h in service.get("hardware", []) if "gpu_host_wait" in h}
+        print(f"  GPU host wait (most over its points) {waits}")
         for name, r in row["ratios"].items():
             print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
 
@@ -227,6 +239,37 @@ def core_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
     versus = {n: t / statistics.median(idle_cpu[n]) for n, t in cpu.items() if n in idle_cpu}
     results["busy_core"] = {"service": service, "versus_idle": versus}
     print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
+
+
+def spinners(count: int) -> list[subprocess.Popen[bytes]]:
+    """``count`` busy loops, each in its own session, free to run on any core: a node's data loaders."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
+
+
+def crowded_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Other processes on half the cores (the GPU should stand), then on twice the cores (withheld)."""
+    cores = len(os.sched_getaffinity(0))
+    idle_peer = results["idle"][-1]["peer"] if results["idle"] else None
+    results["crowded"] = []
+    for count in (cores // 2, 2 * cores):
+        busy = spinners(count)
+        try:
+            time.sleep(1)
+            service = sweep(args.threads)
+        finally:
+            for process in busy:
+                process.kill()
+            for process in busy:
+                process.wait()
+        row: dict[str, Any] = {"spinners": count, "cores": cores, "service": service}
+        if idle_peer is not None:
+            row["ratios_to_idle_peer"] = ratios(service, idle_peer, args.gpu)
+        results["crowded"].append(row)
+        waits = {h["device"]: h.get("gpu_host_wait") for h in service.get("hardware", []) if "gpu_host_wait" in h}
+        print(f"{count} spinners on {cores} cores: {service['result']} withheld {service.get('withheld')}")
+        print(f"  GPU host wait (most over its points) {waits} crossovers {service.get('crossovers')}")
+        for name, r in row.get("ratios_to_idle_peer", {}).items():
+            print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
 
 
 def gpu_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) -> None:
@@ -338,7 +381,8 @@ def main() -> None:
     parser.add_argument("--gpu", default="cuda:0")
     parser.add_argument("--sweeps", type=int, default=3)
     parser.add_argument("--out", type=Path, required=False)
-    parser.add_argument("--phases", default="idle,core,gpu,late")
+    parser.add_argument("--phases", default="idle,core,crowded,gpu,late")
+    parser.add_argument("--backend", default="torch", help="the service's backend: torch or jax")
     parser.add_argument("--rounds", type=int, default=5, help="processes per side and size in the alternate phase")
     parser.add_argument("--sizes", help="sizes for --peer (default: every size of the idle sweeps)")
     parser.add_argument("--alternate-sizes", default=",".join(map(str, ALTERNATE_SIZES)))
@@ -350,7 +394,13 @@ def main() -> None:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
         print(json.dumps(peer(sizes, args.threads, args.gpu, e2e_first=args.peer_e2e_first)))
         return
-    results: dict[str, Any] = {"threads": args.threads, "cores": len(os.sched_getaffinity(0)), "idle": []}
+    BACKEND["name"] = args.backend
+    results: dict[str, Any] = {
+        "backend": args.backend,
+        "threads": args.threads,
+        "cores": len(os.sched_getaffinity(0)),
+        "idle": [],
+    }
     phases = args.phases.split(",")
 
     def save() -> None:  # after every phase: a run cut off at its limit keeps what it measured
@@ -362,6 +412,7 @@ def main() -> None:
         for name, phase in (
             ("idle", lambda: idle_phase(args, results)),
             ("core", lambda: core_phase(args, results)),
+            ("crowded", lambda: crowded_phase(args, results)),
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
             ("late", lambda: late_phase(args, results, Path(scratch))),
             ("alternate", lambda: alternate_phase(args, results, save)),

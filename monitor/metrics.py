@@ -160,6 +160,11 @@ GPU_THERMAL_LIMITED = _metric(
     "Share of the time the GPU's points ran during which NVML counted it held below its clocks by its thermal limit",
     DEVICE_LABELS,
 )
+GPU_HOST_WAIT = _metric(
+    "matmul_gpu_host_wait_ratio",
+    "Most the thread timing the GPU's points waited for a CPU (every core taken), as a share of a point",
+    DEVICE_LABELS,
+)
 GPU_OTHER_PROCESSES = _metric(
     "matmul_gpu_other_processes", "Most processes of other programs seen on the GPU while it was timed", DEVICE_LABELS
 )
@@ -190,6 +195,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_POWER_LIMITED, "power_limited_ratio"),
     (GPU_THERMAL_LIMITED, "thermal_limited_ratio"),
     (GPU_OTHER_PROCESSES, "other_processes_max"),
+    (GPU_HOST_WAIT, "gpu_host_wait"),
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),
     (CPU_STEAL, "cpu_steal_cores"),

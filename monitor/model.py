@@ -230,6 +230,9 @@ class HardwareContext:
     # clocks by its power (thermal) limit: counted over the points, not sampled after them.
     power_limited_ratio: float | None = None
     thermal_limited_ratio: float | None = None
+    # GPU only: the most the thread timing its points waited for a CPU (runnable, every core taken), as a
+    # share of a point; what guard.gpu_max_host_wait is held against.
+    gpu_host_wait: float | None = None
     other_cpu_cores: float | None = None  # CPU only: other processes' load on our cores
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
     # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores

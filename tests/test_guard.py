@@ -463,12 +463,14 @@ def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
 
 def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_no_reason() -> None:
     """A burst that passed: the retry was clean. A kernel without schedstat: nothing to go on, nothing withheld."""
-    # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), then clean.
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0])))
+    # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), CPU n=2, GPU n=2 (1%), then clean.
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0])))
     assert not _withheld(messages)
     assert len(_timed(messages, "/GPU:0")) == 5
+    assert _hardware(messages, "/GPU:0").gpu_host_wait == 0.01  # the most over the tries that count
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
     assert not _withheld(messages)
+    assert _hardware(messages, "/GPU:0").gpu_host_wait is None  # unknown, not 0
 
 
 def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:

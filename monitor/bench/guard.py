@@ -109,6 +109,11 @@ class _GpuRecord:
     opened: GpuSample | None = None  # the look before the point being timed
     # per limit ("power", "thermal"): (seconds held back, seconds of points over which it was counted)
     limited: dict[str, tuple[float, float]] = field(default_factory=dict)
+    host_wait_max: float | None = None  # the most its timing thread waited for a CPU, as a share of a point
+
+    def note_host_wait(self, wait: float | None) -> None:
+        if wait is not None:
+            self.host_wait_max = max(wait, self.host_wait_max or 0.0)
 
     def close_point(self, after: GpuSample) -> None:
         """Add how long the point that just ended ran held back by each limit NVML counts."""
@@ -260,7 +265,11 @@ class Guard:
                 found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
             return found
 
-        return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
+        verdict, loads = self._metered(host, device, measure, problems)
+        record = self._cpus.setdefault(device.device, _CpuRecord())
+        record.throttled_s += sum(load.throttled_s for load in loads)
+        record.note(loads[-1])  # the load of the try that counts (a disturbed first try timed again does not)
+        return verdict
 
     def time_gpu_point(self, device: DeviceInfo, measure: Callable[[], object]) -> Withheld | None:
         """Run ``measure`` (one GPU point) under the host meter; retry once if its host side waited for a CPU.
@@ -282,7 +291,9 @@ class Guard:
             others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
             return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
 
-        return self._metered(host, device, measure, problems, record=None)
+        verdict, loads = self._metered(host, device, measure, problems)
+        self._gpus.setdefault(device.device, _GpuRecord()).note_host_wait(loads[-1].own_wait)
+        return verdict
 
     def _metered(
         self,
@@ -290,32 +301,31 @@ class Guard:
         device: DeviceInfo,
         measure: Callable[[], object],
         problems: Callable[[HostLoad], list[str]],
-        record: _CpuRecord | None,
-    ) -> Withheld | None:
-        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it."""
+    ) -> tuple[Withheld | None, list[HostLoad]]:
+        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
+
+        Returns the verdict and the load of each try (the last is the one that counts).
+        """
         found: list[str] = []
-        load = HostLoad(0.0, 0.0, 1.0)
+        loads: list[HostLoad] = []
         for attempt in range(2):
             if attempt:
                 self._sleep(CPU_RETRY_PAUSE_S)
             started = host.start()
             measure()
-            load = host.stop(started)
-            found = problems(load)
-            if record is not None:
-                record.throttled_s += load.throttled_s
+            loads.append(host.stop(started))
+            found = problems(loads[-1])
             if not found:
                 break
-        if record is not None:
-            record.note(load)  # the load of the try that counts (a disturbed first try timed again does not)
         if not found:
-            return None
-        return Withheld(
+            return None, loads
+        withheld = Withheld(
             backend=device.backend,
             device=device.device,
             reason=WithheldReason.CPU_CONTENDED,
             detail="; ".join(found) + " (timed twice)",
         )
+        return withheld, loads
 
     # --- what the hardware looked like ------------------------------------------------------
 
@@ -324,7 +334,7 @@ class Guard:
         found = []
         for device in devices:
             gpu = self._gpus.get(device.device)
-            if gpu is not None and gpu.samples:
+            if gpu is not None and (gpu.samples or gpu.host_wait_max is not None):
                 found.append(_gpu_context(device, gpu))
             cpu = self._cpus.get(device.device)
             if cpu is not None:
@@ -362,7 +372,8 @@ def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
         pcie_width_min=_lowest(s.pcie_width for s in samples),
         pcie_generation_max=_highest(s.pcie_generation_max for s in samples),
         pcie_width_max=_highest(s.pcie_width_max for s in samples),
-        other_processes_max=record.others_max,
+        other_processes_max=record.others_max if samples else None,
         power_limited_ratio=record.limited_ratio("power"),
         thermal_limited_ratio=record.limited_ratio("thermal"),
+        gpu_host_wait=record.host_wait_max,
     )
