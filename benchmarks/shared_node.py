@@ -199,7 +199,7 @@ def job_rates(report: Path) -> list[tuple[float, float]]:
     return [(t, r) for t, r in (map(float, line.split()) for line in report.read_text().splitlines() if line.strip())]
 
 
-def idle_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     reference_before = run_peer(args.threads, args.gpu)
     for index in range(args.sweeps):
         service = sweep(args.threads)
@@ -216,6 +216,7 @@ def idle_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
             "peer_brackets": {mode: bracket(reference, mode) for mode in MODES},
         }
         results["idle"].append(row)
+        save()
         print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
         print(f"  peer brackets {row['peer_brackets']} withheld {service.get('withheld')}")
         waits = {h["device"]: h.get("gpu_host_wait") for h in service.get("hardware", []) if "gpu_host_wait" in h}
@@ -345,6 +346,8 @@ def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Cal
             ]
             if args.peer_e2e_first:  # the peer once more, its GPU end_to_end case before its compute case
                 sides.append(("peer-e2e-first", {args.gpu: run_peer(args.threads, args.gpu, (n,), e2e_first=True)}))
+            if args.peer_again:  # the same peer in another fresh process: how far the peer is from itself
+                sides.append(("peer-again", {args.gpu: run_peer(args.threads, args.gpu, (n,))}))
             for side, by_device in sides:
                 for device, curves in by_device.items():
                     for name, points in curves.items():
@@ -389,6 +392,9 @@ def main() -> None:
     parser.add_argument(
         "--peer-e2e-first", action="store_true", help="the peer times GPU end_to_end before GPU compute"
     )
+    parser.add_argument(
+        "--peer-again", action="store_true", help="alternate: the peer a second time, in its own process"
+    )
     args = parser.parse_args()
     if args.peer:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
@@ -410,7 +416,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as scratch:
         for name, phase in (
-            ("idle", lambda: idle_phase(args, results)),
+            ("idle", lambda: idle_phase(args, results, save)),
             ("core", lambda: core_phase(args, results)),
             ("crowded", lambda: crowded_phase(args, results)),
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
