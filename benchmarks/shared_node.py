@@ -377,6 +377,20 @@ def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Cal
         )
 
 
+def spread(path: Path) -> None:
+    """Per round and as medians: each side of a recorded alternate phase against the peer (peer-again: itself)."""
+    rows = json.loads(path.read_text())["alternate"]["times"]
+    for name, by_size in rows.items():
+        for n, by_side in sorted(by_size.items(), key=lambda item: int(item[0])):
+            peer_times = by_side.get("peer", [])
+            for side, times in by_side.items():
+                if side == "peer" or not times or not peer_times:
+                    continue
+                rounds = " ".join(f"{t / p:.2f}" for t, p in zip(times, peer_times, strict=False))
+                median = statistics.median(times) / statistics.median(peer_times)
+                print(f"{name} n={n} {side}/peer: median {median:.3f}, rounds {rounds}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true")
@@ -395,7 +409,11 @@ def main() -> None:
     parser.add_argument(
         "--peer-again", action="store_true", help="alternate: the peer a second time, in its own process"
     )
+    parser.add_argument("--spread", type=Path, help="print a recorded alternate phase's ratios per round, and stop")
     args = parser.parse_args()
+    if args.spread:
+        spread(args.spread)
+        return
     if args.peer:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
         print(json.dumps(peer(sizes, args.threads, args.gpu, e2e_first=args.peer_e2e_first)))
