@@ -12,6 +12,8 @@ Everything the service publishes is compared with ``torch.utils.benchmark.Timer.
 4. the same job starting on a GPU mid-sweep: that GPU withheld from then on, and what the job lost;
 4b. ``crowded``: busy loops in their own sessions on half the cores (the GPU's points stand, their
    timing thread's wait for a CPU near 0), then on twice the cores (the GPU withheld as cpu_contended);
+4c. ``crossings``: service sweeps and peer processes alternated ``--sweeps`` times over the sizes
+   around both crossovers: how far each one's n* moves from process to process;
 5. ``alternate``: service and peer alternated size by size, each point in fresh processes (a one-size
    sweep, then the peer), ``--rounds`` times: on VMs whose fresh processes differ by up to 1.5x, the
    median over several processes per side is what a 5% comparison needs.
@@ -242,6 +244,27 @@ def core_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
     print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
 
 
+CROSSING_SIZES = (64, 96, 128, 160, 192, 256, 384, 512, 768, 1024)
+
+
+def crossings_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    """Service sweeps and peer processes alternated: how far each one's own crossovers move between processes."""
+    rows: list[dict[str, Any]] = []
+    results["crossings"] = rows
+    for index in range(args.sweeps):
+        service = sweep(args.threads, sizes=CROSSING_SIZES)
+        reference = run_peer(args.threads, args.gpu, CROSSING_SIZES)
+        found = {
+            "service": {c["mode"]: (c["state"], c["size"]) for c in service.get("crossovers", [])},
+            "peer": {mode: bracket(reference, mode) for mode in MODES},
+            "service_result": service["result"],
+            "withheld": service.get("withheld"),
+        }
+        rows.append(found)
+        save()
+        print(f"crossings {index}: service {found['service']} peer {found['peer']}")
+
+
 def spinners(count: int) -> list[subprocess.Popen[bytes]]:
     """``count`` busy loops, each in its own session, free to run on any core: a node's data loaders."""
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
@@ -437,6 +460,7 @@ def main() -> None:
             ("idle", lambda: idle_phase(args, results, save)),
             ("core", lambda: core_phase(args, results)),
             ("crowded", lambda: crowded_phase(args, results)),
+            ("crossings", lambda: crossings_phase(args, results, save)),
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
             ("late", lambda: late_phase(args, results, Path(scratch))),
             ("alternate", lambda: alternate_phase(args, results, save)),
