@@ -112,22 +112,22 @@ def run_peer(
     return {k: {int(n): t for n, t in v.items()} for k, v in raw.items()}
 
 
-BACKEND = {"name": "torch"}  # the service's backend (--backend); the peer is torch's whatever it is
+CPU_NAMES = {"torch": "cpu", "jax": "cpu:0"}  # the CPU device's name in each backend
 
 
 def sweep(
-    threads: int,
+    args: argparse.Namespace,
     devices: tuple[str, ...] | None = None,
     sizes: tuple[int, ...] = SIZES,
     *,
     refine: bool = True,
 ) -> dict[str, Any]:
     bench = BenchmarkSettings(
-        backend=BACKEND["name"],
+        backend=args.backend,  # the peer is torch's whatever the service's backend is
         devices=devices,
         sizes=sizes,
         modes=MODES,
-        cpu_threads=threads,
+        cpu_threads=args.threads,
         refine=RefineSettings(enabled=refine, tolerance=0.05, budget_s=20),
     )
     started = time.monotonic()
@@ -169,6 +169,17 @@ def ratios(service: dict[str, Any], reference: dict[str, dict[int, float]], gpu:
     return out
 
 
+def host_waits(service: dict[str, Any]) -> dict[str, float]:
+    """Each GPU's timing thread's wait for a CPU, the most over its points, from a sweep's hardware records."""
+    return {h["device"]: h["host_wait_ratio"] for h in service.get("hardware", []) if "host_wait_ratio" in h}
+
+
+def cpu_curve(service: dict[str, Any], name: str) -> dict[int, float]:
+    """The CPU's points of curve ``name`` ('cpu compute', 'cpu end_to_end'), whatever the backend calls the CPU."""
+    curves = service.get("curves", {})
+    return next((points.get(name, {}) for device, points in curves.items() if _index(device) == "cpu"), {})
+
+
 def _index(device: str) -> str:
     """'cpu' for a CPU, else the GPU's index: 'cuda:1' (torch) and 'gpu:1' or 'cuda:1' (JAX) are both '1'."""
     return "cpu" if device.lower() in ("cpu", "cpu:0") else device.rsplit(":", 1)[-1]
@@ -204,7 +215,7 @@ def job_rates(report: Path) -> list[tuple[float, float]]:
 def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     reference_before = run_peer(args.threads, args.gpu)
     for index in range(args.sweeps):
-        service = sweep(args.threads)
+        service = sweep(args)
         reference_after = run_peer(args.threads, args.gpu)
         reference = {
             name: {n: (t * reference_after[name][n]) ** 0.5 for n, t in points.items()}
@@ -221,8 +232,7 @@ def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable
         save()
         print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s crossovers {service.get('crossovers')}")
         print(f"  peer brackets {row['peer_brackets']} withheld {service.get('withheld')}")
-        waits = {h["device"]: h.get("gpu_host_wait") for h in service.get("hardware", []) if "gpu_host_wait" in h}
-        print(f"  GPU host wait (most over its points) {waits}")
+        print(f"  GPU host wait (most over its points) {host_waits(service)}")
         for name, r in row["ratios"].items():
             print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
 
@@ -230,15 +240,15 @@ def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable
 def core_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
     idle_cpu: dict[int, list[float]] = {}
     for row in results["idle"]:
-        for n, t in row["service"].get("curves", {}).get("cpu", {}).get("cpu compute", {}).items():
+        for n, t in cpu_curve(row["service"], "cpu compute").items():
             idle_cpu.setdefault(n, []).append(t)
     spinner = busy_core()
     try:
         time.sleep(1)
-        service = sweep(args.threads, devices=("cpu",))
+        service = sweep(args, devices=(CPU_NAMES[args.backend],))
     finally:
         spinner.kill()
-    cpu = service.get("curves", {}).get("cpu", {}).get("cpu compute", {})
+    cpu = cpu_curve(service, "cpu compute")
     versus = {n: t / statistics.median(idle_cpu[n]) for n, t in cpu.items() if n in idle_cpu}
     results["busy_core"] = {"service": service, "versus_idle": versus}
     print(f"busy core: {service['result']} withheld {service.get('withheld')} vs idle {versus}")
@@ -252,7 +262,7 @@ def crossings_phase(args: argparse.Namespace, results: dict[str, Any], save: Cal
     rows: list[dict[str, Any]] = []
     results["crossings"] = rows
     for index in range(args.sweeps):
-        service = sweep(args.threads, sizes=CROSSING_SIZES)
+        service = sweep(args, sizes=CROSSING_SIZES)
         reference = run_peer(args.threads, args.gpu, CROSSING_SIZES)
         found = {
             "service": {c["mode"]: (c["state"], c["size"]) for c in service.get("crossovers", [])},
@@ -270,7 +280,7 @@ def spinners(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
 
 
-def crowded_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def crowded_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     """Other processes on half the cores (the GPU should stand), then on twice the cores (withheld)."""
     cores = len(os.sched_getaffinity(0))
     idle_peer = results["idle"][-1]["peer"] if results["idle"] else None
@@ -279,7 +289,7 @@ def crowded_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
         busy = spinners(count)
         try:
             time.sleep(1)
-            service = sweep(args.threads)
+            service = sweep(args)
         finally:
             for process in busy:
                 process.kill()
@@ -289,9 +299,9 @@ def crowded_phase(args: argparse.Namespace, results: dict[str, Any]) -> None:
         if idle_peer is not None:
             row["ratios_to_idle_peer"] = ratios(service, idle_peer, args.gpu)
         results["crowded"].append(row)
-        waits = {h["device"]: h.get("gpu_host_wait") for h in service.get("hardware", []) if "gpu_host_wait" in h}
+        save()
         print(f"{count} spinners on {cores} cores: {service['result']} withheld {service.get('withheld')}")
-        print(f"  GPU host wait (most over its points) {waits} crossovers {service.get('crossovers')}")
+        print(f"  GPU host wait (most over its points) {host_waits(service)} crossovers {service.get('crossovers')}")
         for name, r in row.get("ratios_to_idle_peer", {}).items():
             print(f"  {name}: " + " ".join(f"{n}:{v:.3f}" for n, v in sorted(r.items())))
 
@@ -306,7 +316,7 @@ def gpu_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) 
     job = gemm_loop("cuda:1", 60.0, report)
     time.sleep(12)  # the job warms up; its rate before the sweep
     before_sweep = time.time()
-    service = sweep(args.threads)
+    service = sweep(args)
     after_sweep = time.time()
     time.sleep(6)
     job.kill()
@@ -334,7 +344,7 @@ def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path)
     starter = threading.Timer(8.0, lambda: jobs.append(gemm_loop("cuda:0", 40.0, report)))
     started = time.time()
     starter.start()
-    service = sweep(args.threads)
+    service = sweep(args)
     ended = time.time()
     starter.join()
     time.sleep(8)
@@ -364,7 +374,7 @@ def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Cal
     for n in sizes:
         for round_ in range(args.rounds):
             sides = [
-                ("service", sweep(args.threads, sizes=(n,), refine=False).get("curves", {})),
+                ("service", sweep(args, sizes=(n,), refine=False).get("curves", {})),
                 ("peer", {args.gpu: run_peer(args.threads, args.gpu, (n,))}),
             ]
             if args.peer_e2e_first:  # the peer once more, its GPU end_to_end case before its compute case
@@ -374,7 +384,7 @@ def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Cal
             for side, by_device in sides:
                 for device, curves in by_device.items():
                     for name, points in curves.items():
-                        if device in ("cpu", args.gpu) and n in points:
+                        if _index(device) in ("cpu", _index(args.gpu)) and n in points:
                             row = rows.setdefault(name, {}).setdefault(n, {})
                             row.setdefault(side, []).append(points[n])
             gpu_e2e = rows.get("gpu end_to_end", {}).get(n, {})
@@ -422,7 +432,7 @@ def main() -> None:
     parser.add_argument("--sweeps", type=int, default=3)
     parser.add_argument("--out", type=Path, required=False)
     parser.add_argument("--phases", default="idle,core,crowded,gpu,late")
-    parser.add_argument("--backend", default="torch", help="the service's backend: torch or jax")
+    parser.add_argument("--backend", default="torch", choices=sorted(CPU_NAMES), help="the service's backend")
     parser.add_argument("--rounds", type=int, default=5, help="processes per side and size in the alternate phase")
     parser.add_argument("--sizes", help="sizes for --peer (default: every size of the idle sweeps)")
     parser.add_argument("--alternate-sizes", default=",".join(map(str, ALTERNATE_SIZES)))
@@ -441,7 +451,6 @@ def main() -> None:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
         print(json.dumps(peer(sizes, args.threads, args.gpu, e2e_first=args.peer_e2e_first)))
         return
-    BACKEND["name"] = args.backend
     results: dict[str, Any] = {
         "backend": args.backend,
         "threads": args.threads,
@@ -459,7 +468,7 @@ def main() -> None:
         for name, phase in (
             ("idle", lambda: idle_phase(args, results, save)),
             ("core", lambda: core_phase(args, results)),
-            ("crowded", lambda: crowded_phase(args, results)),
+            ("crowded", lambda: crowded_phase(args, results, save)),
             ("crossings", lambda: crossings_phase(args, results, save)),
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
             ("late", lambda: late_phase(args, results, Path(scratch))),

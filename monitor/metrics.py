@@ -195,7 +195,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_POWER_LIMITED, "power_limited_ratio"),
     (GPU_THERMAL_LIMITED, "thermal_limited_ratio"),
     (GPU_OTHER_PROCESSES, "other_processes_max"),
-    (GPU_HOST_WAIT, "gpu_host_wait"),
+    (GPU_HOST_WAIT, "host_wait_ratio"),
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),
     (CPU_STEAL, "cpu_steal_cores"),

@@ -209,7 +209,8 @@ class HardwareContext:
     """What a device looked like while it was timed in one sweep: what a drift alert can point at.
 
     Every field is None where it could not be read. GPU fields come from NVML samples taken after
-    each of its points (the limited ratios from NVML's counters read before and after each);
+    each of its points (the limited ratios from NVML's counters read before and after each; the host
+    wait from the kernel's schedstat of the thread that timed them);
     ``other_cpu_cores`` is the CPU time other processes used on the cores the worker may run on, in
     cores, over the CPU's points (the maximum over its points).
     """
@@ -232,7 +233,7 @@ class HardwareContext:
     thermal_limited_ratio: float | None = None
     # GPU only: the most the thread timing its points waited for a CPU (runnable, every core taken), as a
     # share of a point; what guard.gpu_max_host_wait is held against.
-    gpu_host_wait: float | None = None
+    host_wait_ratio: float | None = None
     other_cpu_cores: float | None = None  # CPU only: other processes' load on our cores
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
     # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores

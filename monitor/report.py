@@ -130,8 +130,8 @@ def _gpu_hardware(h: HardwareContext) -> list[str]:
     if h.pcie_generation_min is not None and h.pcie_width_min is not None:
         best = f"gen {h.pcie_generation_max} x{h.pcie_width_max}"
         parts.append(f"PCIe gen {h.pcie_generation_min} x{h.pcie_width_min} (at best {best})")
-    if h.gpu_host_wait is not None:
-        parts.append(f"its timing thread waited for a CPU ≤ {h.gpu_host_wait:.1%} of a point")
+    if h.host_wait_ratio is not None:
+        parts.append(f"its timing thread waited for a CPU ≤ {h.host_wait_ratio:.2%} of a point")
     if h.other_processes_max is not None:
         count = h.other_processes_max
         parts.append(f"{count} other process{'' if count == 1 else 'es'} at most")

@@ -96,9 +96,16 @@ class CountingBackend(CurveBackend):
 class FakeHost:
     """Other processes' load and the worker's own wait for a CPU, per timed window, from lists (the last repeats)."""
 
-    def __init__(self, loads: list[float], cores: int = 4, waits: list[float | None] | None = None) -> None:
+    def __init__(
+        self,
+        loads: list[float],
+        cores: int = 4,
+        waits: list[float | None] | None = None,
+        throttled: list[float] | None = None,
+    ) -> None:
         self.loads = loads
         self.waits = waits or [0.0]
+        self.throttled = throttled or [0.0]
         self.windows = 0
         self._cores = cores
 
@@ -111,8 +118,9 @@ class FakeHost:
     def stop(self, started: object) -> HostLoad:
         load = self.loads[min(self.windows, len(self.loads) - 1)]
         wait = self.waits[min(self.windows, len(self.waits) - 1)]
+        throttled = self.throttled[min(self.windows, len(self.throttled) - 1)]
         self.windows += 1
-        return HostLoad(other_cores=load, throttled_s=0.0, own_wait=wait)
+        return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait)
 
 
 def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any) -> Guard:
@@ -467,10 +475,26 @@ def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_n
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0])))
     assert not _withheld(messages)
     assert len(_timed(messages, "/GPU:0")) == 5
-    assert _hardware(messages, "/GPU:0").gpu_host_wait == 0.01  # the most over the tries that count
+    assert _hardware(messages, "/GPU:0").host_wait_ratio == 0.01  # the most over the tries that count
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
     assert not _withheld(messages)
-    assert _hardware(messages, "/GPU:0").gpu_host_wait is None  # unknown, not 0
+    assert _hardware(messages, "/GPU:0").host_wait_ratio is None  # unknown, not 0
+
+
+def test_quota_throttling_of_every_try_is_counted_and_a_throttled_point_timed_again() -> None:
+    """Throttled 0.5 s of its first second: timed again (0.01 s, under 2%), and both tries' throttling is kept."""
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
+    assert not _withheld(messages)
+    assert _hardware(messages, "/CPU:0").cpu_throttled_s == pytest.approx(0.51)
+
+
+def test_without_nvml_a_gpu_publishes_its_host_wait_and_nothing_else() -> None:
+    """require_nvml off and no NVML: the GPU's context holds the schedstat wait; NVML's fields stay unknown, not 0."""
+    _, messages = _run(_guard(None, FakeHost([0.0], waits=[0.0, 0.01]), require_nvml=False))
+    gpu = _hardware(messages, "/GPU:0")
+    assert gpu.host_wait_ratio == 0.01
+    assert gpu.other_processes_max is None
+    assert (gpu.sm_clock_min_hz, gpu.power_limited_ratio, gpu.clock_events) == (None, None, ())
 
 
 def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:

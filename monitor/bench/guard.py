@@ -22,8 +22,8 @@ from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02
-CPU_RETRY_PAUSE_S = 1.0
-N = TypeVar("N", int, float)  # a disturbed CPU point is timed again after this pause (a burst may have passed)
+CPU_RETRY_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
+N = TypeVar("N", int, float)
 
 
 class GuardUnavailable(Exception):
@@ -111,9 +111,12 @@ class _GpuRecord:
     limited: dict[str, tuple[float, float]] = field(default_factory=dict)
     host_wait_max: float | None = None  # the most its timing thread waited for a CPU, as a share of a point
 
-    def note_host_wait(self, wait: float | None) -> None:
-        if wait is not None:
-            self.host_wait_max = max(wait, self.host_wait_max or 0.0)
+    def add_try(self, load: HostLoad) -> None:
+        """Nothing: a GPU point's record keeps only the try that counts."""
+
+    def settle(self, load: HostLoad) -> None:
+        if load.own_wait is not None:
+            self.host_wait_max = max(load.own_wait, self.host_wait_max or 0.0)
 
     def close_point(self, after: GpuSample) -> None:
         """Add how long the point that just ended ran held back by each limit NVML counts."""
@@ -140,9 +143,24 @@ class _CpuRecord:
     throttled_s: float = 0.0
     steal_cores_max: float = 0.0
 
-    def note(self, load: HostLoad) -> None:
+    def add_try(self, load: HostLoad) -> None:
+        self.throttled_s += load.throttled_s  # every try's: a disturbed first try was throttled too
+
+    def settle(self, load: HostLoad) -> None:
         self.other_cores_max = max(self.other_cores_max, load.other_cores)
         self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
+
+
+class _HostRecord(Protocol):
+    """What a device's record keeps of the host's load over its points."""
+
+    def add_try(self, load: HostLoad) -> None:
+        """Each timed try of a point, as soon as it ends."""
+        ...
+
+    def settle(self, load: HostLoad) -> None:
+        """The try that counts: the last one (a disturbed first try timed again does not)."""
+        ...
 
 
 class Guard:
@@ -265,11 +283,7 @@ class Guard:
                 found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
             return found
 
-        verdict, loads = self._metered(host, device, measure, problems)
-        record = self._cpus.setdefault(device.device, _CpuRecord())
-        record.throttled_s += sum(load.throttled_s for load in loads)
-        record.note(loads[-1])  # the load of the try that counts (a disturbed first try timed again does not)
-        return verdict
+        return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
 
     def time_gpu_point(self, device: DeviceInfo, measure: Callable[[], object]) -> Withheld | None:
         """Run ``measure`` (one GPU point) under the host meter; retry once if its host side waited for a CPU.
@@ -291,9 +305,7 @@ class Guard:
             others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
             return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
 
-        verdict, loads = self._metered(host, device, measure, problems)
-        self._gpus.setdefault(device.device, _GpuRecord()).note_host_wait(loads[-1].own_wait)
-        return verdict
+        return self._metered(host, device, measure, problems, self._gpus.setdefault(device.device, _GpuRecord()))
 
     def _metered(
         self,
@@ -301,31 +313,30 @@ class Guard:
         device: DeviceInfo,
         measure: Callable[[], object],
         problems: Callable[[HostLoad], list[str]],
-    ) -> tuple[Withheld | None, list[HostLoad]]:
-        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
-
-        Returns the verdict and the load of each try (the last is the one that counts).
-        """
+        record: _HostRecord,
+    ) -> Withheld | None:
+        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it."""
         found: list[str] = []
-        loads: list[HostLoad] = []
+        load = HostLoad(0.0, 0.0, 1.0)
         for attempt in range(2):
             if attempt:
                 self._sleep(CPU_RETRY_PAUSE_S)
             started = host.start()
             measure()
-            loads.append(host.stop(started))
-            found = problems(loads[-1])
+            load = host.stop(started)
+            record.add_try(load)
+            found = problems(load)
             if not found:
                 break
+        record.settle(load)
         if not found:
-            return None, loads
-        withheld = Withheld(
+            return None
+        return Withheld(
             backend=device.backend,
             device=device.device,
             reason=WithheldReason.CPU_CONTENDED,
             detail="; ".join(found) + " (timed twice)",
         )
-        return withheld, loads
 
     # --- what the hardware looked like ------------------------------------------------------
 
@@ -375,5 +386,5 @@ def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
         other_processes_max=record.others_max if samples else None,
         power_limited_ratio=record.limited_ratio("power"),
         thermal_limited_ratio=record.limited_ratio("thermal"),
-        gpu_host_wait=record.host_wait_max,
+        host_wait_ratio=record.host_wait_max,
     )
