@@ -62,7 +62,7 @@ def service_sweep(
         tf32=tf32,
         timeout_s=timeout_s,
         cpu_threads=threads,
-        refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=60),
+        refine=RefineSettings(enabled=True, budget_s=60),
         skip_cpu_above_speedup=skip_cpu,
     )
     started = time.monotonic()

@@ -45,7 +45,7 @@ def main() -> None:
     settings = TimingSettings()
     plan: list[tuple[Mode, int]] = [("compute", int(n)) for n in args.compute_sizes.split(",")]
     plan += [("end_to_end", int(n)) for n in args.end_to_end_sizes.split(",")]
-    visits: dict[str, list[dict[str, float | int | str]]] = {}
+    visits: dict[str, list[dict[str, float]]] = {}
     started = time.time()
     for visit in range(args.visits):
         for mode, size in plan:
@@ -54,25 +54,27 @@ def main() -> None:
                 timing = measure(run, settings, time.perf_counter)
                 key = f"{device.device}|{mode}|{size}"
                 visits.setdefault(key, []).append(
-                    {"median_s": timing.median_s, "rel_iqr": timing.relative_iqr, "blocks": timing.blocks}
+                    {"median_s": timing.median_s, "rel_iqr": timing.relative_iqr, "blocks": float(timing.blocks)}
                 )
         print(f"visit {visit + 1}/{args.visits} done after {time.time() - started:.0f}s", file=sys.stderr, flush=True)
-    summary = {}
+    summary: dict[str, dict[str, float | list[float]]] = {}
     for key, rows in visits.items():
-        medians = [float(r["median_s"]) for r in rows]
+        medians = [r["median_s"] for r in rows]
         logs = [math.log(m) for m in medians]
         summary[key] = {
             "medians_us": [round(m * 1e6, 2) for m in medians],
-            "within_rel_iqr_median": statistics.median(float(r["rel_iqr"]) for r in rows),
+            "within_rel_iqr_median": statistics.median(r["rel_iqr"] for r in rows),
             "between_log_sd": statistics.stdev(logs) if len(logs) > 1 else 0.0,
             "max_over_min": max(medians) / min(medians),
         }
     args.out.write_text(json.dumps({"backend": args.backend, "threads": args.threads, "points": summary}, indent=1))
     print(f"{'point':38s} {'within':>7s} {'between':>8s} {'max/min':>8s}  medians (us)")
-    for key, row in summary.items():
+    for key, rows in visits.items():
+        medians = [r["median_s"] * 1e6 for r in rows]
+        within, between = summary[key]["within_rel_iqr_median"], summary[key]["between_log_sd"]
         print(
-            f"{key:38s} {row['within_rel_iqr_median']:7.3f} {row['between_log_sd']:8.3f} {row['max_over_min']:8.2f}  "
-            + " ".join(f"{m:.1f}" for m in row["medians_us"])
+            f"{key:38s} {within:7.3f} {between:8.3f} {max(medians) / min(medians):8.2f}  "
+            + " ".join(f"{m:.1f}" for m in medians)
         )
 
 

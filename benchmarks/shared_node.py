@@ -128,7 +128,7 @@ def sweep(
         sizes=sizes,
         modes=MODES,
         cpu_threads=args.threads,
-        refine=RefineSettings(enabled=refine, tolerance=0.05, budget_s=20),
+        refine=RefineSettings(enabled=refine, budget_s=20),
     )
     started = time.monotonic()
     outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=300, cancel=threading.Event())

@@ -221,6 +221,13 @@ def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
 
 def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
     section = r.section(bench, "refine", "benchmark.refine")
+    if "tolerance" in section:  # a key of earlier releases: say what replaced it rather than "unknown key"
+        r.add(
+            "benchmark.refine.tolerance",
+            "no longer exists: refinement now times sizes spaced by refine.spacing (default 0.2) in "
+            "refine.visits visits each (default 7) instead of bisecting to a tolerance; remove the key",
+        )
+        section = {k: v for k, v in section.items() if k != "tolerance"}
     r.reject_unknown(section, keys_of(RefineSettings), "benchmark.refine")
     return RefineSettings(**_read_keys(r, section, RefineSettings, "benchmark.refine"))
 

@@ -1,4 +1,12 @@
-"""Pure: from measurements to the crossover size of each GPU against the CPU, with its uncertainty."""
+"""Pure: from measurements to the crossover size of each GPU against the CPU, with its uncertainty.
+
+A point's timed level moves between visits (fresh operands, the host thread's placement) by far
+more than its blocks within one visit show: on an H200 with TensorFlow, 6-30% against 1-4%. The
+sizes around a crossover are therefore timed in several visits, the CPU's and the GPU's k-th visits
+of a size together (so that what they share, e.g. the framework's dispatch cost, cancels in their
+ratio), and the crossover is located on the visits' median speed-ups. Its interval comes from
+resampling those visits, not the blocks within one.
+"""
 
 from __future__ import annotations
 
@@ -8,81 +16,155 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode
+from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode, Timing
 from monitor.model import curves as group_curves
 
 BOOTSTRAP_RESAMPLES = 200
 CONFIDENCE = 0.95
 # Below this share of resamples that find a crossover, the interval would describe noise.
 _MIN_FOUND_SHARE = 0.5
+# A win of the GPU below the crossover makes the curves cross twice only when this share of the
+# resamples agree on it: where the curves tie, noise alone makes either one win here and there.
+_CLEAR_WIN_SHARE = 0.95
+# The interval is for where the next sweep's n* lands, not where the true n* is: the next sweep's
+# estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
+_NEXT_SWEEP_WIDENING = math.sqrt(2)
+
+
+@dataclass(frozen=True)
+class SpeedupPoint:
+    """One size: ln(t_cpu / t_gpu) of each paired visit (a single value for a point timed once)."""
+
+    size: int
+    log_ratios: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.log_ratios)
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where the GPU starts to win over a curve of speed-ups."""
+
+    state: CrossoverState
+    size: float | None = None
+    lower: int | None = None  # the measured sizes bracketing n*
+    upper: int | None = None
+    interval: tuple[float, float] | None = None  # where the next sweep's n* lands (95%), when visits show it
+
+
+def _last_crossing(points: Sequence[tuple[int, float]]) -> tuple[CrossoverState, float | None, int | None, int | None]:
+    """The smallest size from which the GPU is faster at every larger size, from sorted (size, log speed-up).
+
+    Interpolated where the log speed-up crosses zero, linear in log n, between the two bracketing
+    sizes. Wins below the bracket are not looked at here.
+    """
+    faster = [r > 0 for _, r in points]
+    if not faster[-1]:
+        return CrossoverState.GPU_NEVER_FASTER, None, None, None
+    first = len(faster)
+    while first > 0 and faster[first - 1]:
+        first -= 1
+    if first == 0:
+        return CrossoverState.GPU_ALWAYS_FASTER, None, None, None
+    (n0, r0), (n1, r1) = points[first - 1], points[first]
+    fraction = -r0 / (r1 - r0)
+    size = math.exp(math.log(n0) + fraction * (math.log(n1) - math.log(n0)))
+    return CrossoverState.FOUND, size, n0, n1
+
+
+def locate(points: Sequence[SpeedupPoint], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Located:
+    """The crossover of one GPU against one CPU from its speed-up points, with its interval.
+
+    n* is the last crossing of the points' median speed-ups. A win of the GPU at a size below it
+    (or anywhere, when the GPU loses at the largest size) means the curves cross more than once
+    (AMBIGUOUS) only when the visits agree on that win; a point timed once is taken at its word.
+    The interval is the spread of n* over resampled visits, widened to where the next sweep's n*
+    should land if nothing changed; None when no point was timed in several visits, or too few
+    resamples find a crossover.
+    """
+    if not points:
+        raise ValueError("no points to compare")
+    points = sorted(points, key=lambda p: p.size)
+    state, size, lower, upper = _last_crossing([(p.size, p.median) for p in points])
+    below = lower if lower is not None else math.inf
+    always = state is CrossoverState.GPU_ALWAYS_FASTER
+    wins = [i for i, p in enumerate(points) if p.size < below and p.median > 0 and not always]
+    rng = random.Random(seed)  # fixed seed: the same measurements always give the same answer
+    revisited = [(i, p.log_ratios, _smoothing(p.log_ratios)) for i, p in enumerate(points) if len(p.log_ratios) > 1]
+    found: list[float] = []
+    win_counts = dict.fromkeys(wins, 0)
+    for _ in range(resamples if revisited else 0):
+        medians = [p.median for p in points]
+        for i, ratios, smoothing in revisited:
+            # A median of a few visits resampled takes only a few values: smoothed, it shows its spread.
+            medians[i] = statistics.median(rng.choices(ratios, k=len(ratios))) + rng.gauss(0, smoothing)
+        for i in wins:
+            win_counts[i] += medians[i] > 0
+        resampled = _last_crossing([(p.size, r) for p, r in zip(points, medians, strict=True)])
+        if resampled[0] is CrossoverState.FOUND and resampled[1] is not None:
+            found.append(resampled[1])
+    clear = [i for i in wins if len(points[i].log_ratios) == 1 or win_counts[i] >= _CLEAR_WIN_SHARE * resamples]
+    if clear:
+        return Located(CrossoverState.AMBIGUOUS)
+    if state is not CrossoverState.FOUND or size is None:
+        return Located(state)
+    return Located(state, size, lower, upper, _next_sweep_interval(size, found, resamples))
+
+
+def _smoothing(ratios: Sequence[float]) -> float:
+    """The spread of a median of these visits, sigma / sqrt(k), sigma from their median absolute deviation."""
+    middle = statistics.median(ratios)
+    sigma = 1.4826 * statistics.median(abs(r - middle) for r in ratios)
+    return sigma / math.sqrt(len(ratios))
+
+
+def _next_sweep_interval(size: float, found: Sequence[float], resamples: int) -> tuple[float, float] | None:
+    """The resampled crossings' 95% range, widened about their median to where the next sweep's n* lands."""
+    if not found or len(found) < resamples * _MIN_FOUND_SHARE:
+        return None
+    tail = (1 - CONFIDENCE) / 2
+    ordered = sorted(found)
+    middle = statistics.median(ordered)
+    low = middle * (ordered[int(tail * (len(ordered) - 1))] / middle) ** _NEXT_SWEEP_WIDENING
+    high = middle * (ordered[math.ceil((1 - tail) * (len(ordered) - 1))] / middle) ** _NEXT_SWEEP_WIDENING
+    return min(low, size), max(high, size)
+
+
+def crossing_span(points: Sequence[SpeedupPoint]) -> tuple[int, int] | None:
+    """The measured sizes enclosing every change of which device is faster (on median speed-ups); None if none."""
+    ordered = sorted(points, key=lambda p: p.size)
+    faster = [p.median > 0 for p in ordered]
+    changes = [i for i in range(1, len(ordered)) if faster[i] != faster[i - 1]]
+    if not changes:
+        return None
+    return ordered[changes[0] - 1].size, ordered[changes[-1]].size
 
 
 def find_crossover(
     curve: Sequence[tuple[int, float, float]],
 ) -> tuple[CrossoverState, float | None, int | None, int | None]:
-    """State, n*, and bracket from ``(size, cpu_seconds, gpu_seconds)`` points.
+    """State, n*, and bracket from ``(size, cpu_seconds, gpu_seconds)`` points, each timed once.
 
     n* is the smallest size from which the GPU is faster at every larger measured size,
     interpolated where log(t_cpu / t_gpu) crosses zero, linear in log n, between the two
     bracketing sizes. If the GPU was also faster somewhere below the bracket, the curves cross
     more than once and the state is AMBIGUOUS, with no size.
     """
-    points = sorted(curve)
-    if not points:
-        raise ValueError("no points to compare")
-    log_ratios = [math.log(cpu / gpu) for _, cpu, gpu in points]
-    gpu_faster = [r > 0 for r in log_ratios]
-    if all(gpu_faster):
-        return CrossoverState.GPU_ALWAYS_FASTER, None, None, None
-    if not gpu_faster[-1]:
-        state = CrossoverState.AMBIGUOUS if any(gpu_faster) else CrossoverState.GPU_NEVER_FASTER
-        return state, None, None, None
-    first = max(i for i, faster in enumerate(gpu_faster) if not faster) + 1
-    if any(gpu_faster[:first]):
-        return CrossoverState.AMBIGUOUS, None, None, None
-    n0, r0 = points[first - 1][0], log_ratios[first - 1]
-    n1, r1 = points[first][0], log_ratios[first]
-    fraction = -r0 / (r1 - r0)
-    size = math.exp(math.log(n0) + fraction * (math.log(n1) - math.log(n0)))
-    return CrossoverState.FOUND, size, n0, n1
+    found = locate([SpeedupPoint(n, (math.log(cpu / gpu),)) for n, cpu, gpu in curve])
+    return found.state, found.size, found.lower, found.upper
 
 
-# Per-call block times of one point; the median of these is the point's time.
-Samples = Sequence[float]
+def speedup_point(size: int, cpu: Timing, gpu: Timing) -> SpeedupPoint:
+    """The paired visits of one size: the k-th visits of the CPU and the GPU were timed together."""
+    if cpu.visits_s and gpu.visits_s:
+        pairs = zip(cpu.visits_s, gpu.visits_s, strict=False)
+        return SpeedupPoint(size, tuple(math.log(c / g) for c, g in pairs))
+    return SpeedupPoint(size, (math.log(cpu.median_s / gpu.median_s),))
 
 
-def bootstrap_interval(
-    curve: Sequence[tuple[int, Samples, Samples]], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
-) -> tuple[float, float] | None:
-    """A confidence interval for n* from ``(size, cpu_samples, gpu_samples)``, by resampling blocks.
-
-    Each resample draws every point's blocks with replacement, takes their median and finds the
-    crossover again. None when too few resamples find one (the answer is then noise-dominated).
-    """
-    rng = random.Random(seed)  # fixed seed: the same measurements always give the same interval
-
-    def resampled(samples: Samples) -> float:
-        return statistics.median(rng.choices(samples, k=len(samples))) if len(samples) > 1 else samples[0]
-
-    found = []
-    for _ in range(resamples):
-        state, size, _, _ = find_crossover([(n, resampled(c), resampled(g)) for n, c, g in curve])
-        if state is CrossoverState.FOUND and size is not None:
-            found.append(size)
-    if len(found) < resamples * _MIN_FOUND_SHARE:
-        return None
-    tail = (1 - CONFIDENCE) / 2
-    ordered = sorted(found)
-    return ordered[int(tail * (len(ordered) - 1))], ordered[math.ceil((1 - tail) * (len(ordered) - 1))]
-
-
-@dataclass(frozen=True)
-class _Point:
-    median: float
-    samples: Samples
-
-
-_Curves = Mapping[tuple[str, str, str, Mode], Mapping[int, _Point]]
+_Curves = Mapping[tuple[str, str, str, Mode], Mapping[int, Timing]]
 
 
 def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement]) -> tuple[Crossover, ...]:
@@ -93,9 +175,7 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     """
     # The n=1 fixed-cost probe was not asked for: it must not sway the state.
     curves = {
-        (key.backend, key.device, key.dtype, key.mode): {
-            n: _Point(m.timing.median_s, m.timing.samples_s or (m.timing.median_s,)) for n, m in points.items()
-        }
+        (key.backend, key.device, key.dtype, key.mode): {n: m.timing for n, m in points.items()}
         for key, points in group_curves(measurements, roles=("sweep", "refine")).items()
     }
     devices = list(devices)
@@ -136,16 +216,14 @@ def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
     common = sorted(set(gpu) & set(cpu))
     if not common:
         return None
-    state, size, lower, upper = find_crossover([(n, cpu[n].median, gpu[n].median) for n in common])
-    interval = None
-    if state is CrossoverState.FOUND:
-        interval = bootstrap_interval([(n, cpu[n].samples, gpu[n].samples) for n in common])
+    found = locate([speedup_point(n, cpu[n], gpu[n]) for n in common])
+    interval = found.interval
     return replace(
         template,
-        state=state,
-        size=size,
-        lower=lower,
-        upper=upper,
+        state=found.state,
+        size=found.size,
+        lower=found.lower,
+        upper=found.upper,
         ci_lower=interval[0] if interval else None,
         ci_upper=interval[1] if interval else None,
     )

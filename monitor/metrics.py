@@ -74,8 +74,16 @@ CROSSOVER = _metric("matmul_crossover_size", "Matrix size n* from which the GPU 
 CROSSOVER_LOWER = _metric("matmul_crossover_lower_size", "Lower bound of the bracket around n*", CROSSOVER_LABELS)
 CROSSOVER_UPPER = _metric("matmul_crossover_upper_size", "Upper bound of the bracket around n*", CROSSOVER_LABELS)
 CROSSOVER_STATE = _metric("matmul_crossover_state", "1 for the current crossover state", (*CROSSOVER_LABELS, "state"))
-CROSSOVER_CI_LOWER = _metric("matmul_crossover_ci_lower_size", "Lower 95% confidence bound of n*", CROSSOVER_LABELS)
-CROSSOVER_CI_UPPER = _metric("matmul_crossover_ci_upper_size", "Upper 95% confidence bound of n*", CROSSOVER_LABELS)
+CROSSOVER_CI_LOWER = _metric(
+    "matmul_crossover_ci_lower_size",
+    "Lower end of the 95% interval for the next sweep's n*, from resampling the visits of the sizes around it",
+    CROSSOVER_LABELS,
+)
+CROSSOVER_CI_UPPER = _metric(
+    "matmul_crossover_ci_upper_size",
+    "Upper end of the 95% interval for the next sweep's n*, from resampling the visits of the sizes around it",
+    CROSSOVER_LABELS,
+)
 CROSSOVER_DERIVED_AT = _metric(
     "matmul_crossover_timestamp_seconds", "When the sweep the served crossover comes from ended", CROSSOVER_LABELS
 )

@@ -10,7 +10,8 @@ from typing import Literal
 Mode = Literal["compute", "end_to_end"]
 DeviceKind = Literal["cpu", "gpu"]
 # sweep: a configured size; probe: the n=1 point timed for the fixed cost when 1 is not configured;
-# refine: a size added by bisection to pin the crossover. Only sweep points become duration series.
+# refine: a size added between the two configured sizes around a crossover, to locate it. Only sweep
+# points become duration series.
 Role = Literal["sweep", "probe", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
@@ -105,6 +106,14 @@ class Timing:
     stop_reason: StopReason
     noisy: bool
     samples_s: tuple[float, ...] = ()  # per-call time of each block, in timing order
+    # The median of each visit, in visit order, for a point timed in several visits (sizes around a
+    # crossover): a point's level moves between visits far more than its blocks within one show.
+    # Empty for a point timed once. The CPU's and a GPU's k-th visits of one size were taken together.
+    visits_s: tuple[float, ...] = ()
+
+    @property
+    def visit_count(self) -> int:
+        return len(self.visits_s) or 1
 
     @property
     def relative_iqr(self) -> float:
@@ -161,7 +170,9 @@ class Crossover:
     size: float | None = None  # interpolated n*, only when state is FOUND
     lower: float | None = None  # the measured sizes bracketing n*
     upper: float | None = None
-    ci_lower: float | None = None  # 95% bootstrap confidence interval of n*, when it could be computed
+    # Where the next sweep's n* should land (95%) if nothing changes, from resampling the visits of the
+    # sizes around it; None when no size was timed in several visits.
+    ci_lower: float | None = None
     ci_upper: float | None = None
     derived_at: float | None = None  # when the sweep it comes from ended (older than the latest while carried)
 

@@ -46,7 +46,7 @@ def _crossover_line(c: Crossover) -> str:
     if c.state is CrossoverState.FOUND and c.size is not None:
         line = head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g}"
         if c.ci_lower is not None and c.ci_upper is not None:
-            line += f"; 95% CI {c.ci_lower:.0f} to {c.ci_upper:.0f}"
+            line += f"; the next sweep's n* should land in {c.ci_lower:.0f} to {c.ci_upper:.0f} (95%)"
         return line + ")"
     text = {
         CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",
@@ -76,6 +76,7 @@ def render_table(outcome: SweepOutcome) -> str:
         for m in sorted(points, key=lambda p: p.key.size):
             ratio = speedups.get((device, dtype, mode, m.key.size))
             flag = ("  noisy" if m.timing.noisy else "") + ("" if m.role == "sweep" else f"  ({m.role})")
+            flag += f"  {m.timing.visit_count} visits" if m.timing.visit_count > 1 else ""
             lines.append(
                 f"{m.key.size:>7} {_format_seconds(m.timing.median_s):>10} {_format_seconds(m.timing.iqr_s):>10} "
                 f"{m.flops_per_second / 1e9:>9.3g} {f'{ratio:.2f}x' if ratio is not None else '-':>12}{flag}"

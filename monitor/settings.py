@@ -322,11 +322,26 @@ class TimingSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class RefineSettings:
-    """Bisection between the sizes bracketing a crossover, after the configured sizes."""
+    """Sizes added around each crossover, each timed in several visits: where n* lies, and how well it is known."""
 
-    enabled: bool = field(default=True, metadata=key("enabled", "boolean", "bisect between the sizes around n*"))
-    tolerance: float = field(
-        default=0.05, metadata=key("tolerance", "fraction", "stop once upper / lower - 1 is at most this")
+    enabled: bool = field(
+        default=True, metadata=key("enabled", "boolean", "time sizes around each crossover in several visits")
+    )
+    visits: int = field(
+        default=7,
+        metadata=key(
+            "visits",
+            "integer",
+            "visits of each size around a crossover, round-robin; n* and its interval come from their medians",
+            minimum=2,
+            maximum=50,
+        ),
+    )
+    spacing: float = field(
+        default=0.2,
+        metadata=key(
+            "spacing", "fraction", "sizes added between the configured sizes around n* are this far apart at most"
+        ),
     )
     budget_s: float = field(
         default=60.0, metadata=key("budget", "positive_duration", "at most this much extra time per sweep")

@@ -172,6 +172,8 @@ class _Collected:
         elif isinstance(message, DeviceInfo):
             self.devices.append(message)
         elif isinstance(message, Measurement):
+            # A point timed again (refinement's visits) comes again with every visit so far: the latest stands.
+            self.measurements = [m for m in self.measurements if m.key != message.key]
             self.measurements.append(message)
         elif isinstance(message, DeviceFailure):
             self.failures.append(message)

@@ -6,7 +6,9 @@ crossover, and the faults (hang, crash, a failing device) are what a real framew
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import signal
 import time
 from collections.abc import Mapping, Sequence
@@ -116,6 +118,58 @@ class SlowBackend(CurveBackend):
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         return lambda _calls: time.sleep(1.0)
+
+
+class VirtualClock:
+    """A clock that only the backend below moves: a sweep over it takes no real time and is exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tie_cpu_seconds(size: int) -> float:
+    """A CPU behind a framework's 40 µs dispatch cost, at 100 GFLOP/s."""
+    return 40e-6 + 2 * size**3 / 1e11
+
+
+def tie_gpu_seconds(size: int) -> float:
+    """A GPU behind 50 µs of dispatch and launch, at 50 TFLOP/s: the two curves run close (n* ≈ 79.4)."""
+    return 50e-6 + 2 * size**3 / 5e13
+
+
+class VisitNoiseBackend(CurveBackend):
+    """Curves that tie over a range of sizes, each visit of a point at its own level: TensorFlow on an H200.
+
+    Every visit (one ``prepare``) is off by a random factor: one the CPU's visit of a size draws and
+    the GPU's visit right after it shares (the framework's dispatch cost, common to both), and one
+    of its own. Blocks within a visit are exact, so a converged visit hides its level completely.
+    Runs on a ``VirtualClock``: for in-process tests, not a plugin.
+    """
+
+    def __init__(self, options: BackendOptions, *, clock: VirtualClock, seed: int, spread: float) -> None:
+        super().__init__(options)
+        self._clock = clock
+        self._rng = random.Random(seed)
+        self._spread = spread
+        self._shared = 1.0
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "cpu":
+            self._shared = self._level()
+        seconds = (
+            (tie_cpu_seconds(size) if device.kind == "cpu" else tie_gpu_seconds(size)) * self._shared * self._level()
+        )
+
+        def run(calls: int) -> None:
+            self._clock.now += seconds * calls
+
+        return run
+
+    def _level(self) -> float:
+        return float(math.exp(self._rng.uniform(-self._spread, self._spread)))
 
 
 # The plugin factories ("tests.fakes:NAME"): load_backend calls factory(options), as a class is called.

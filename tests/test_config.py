@@ -62,7 +62,9 @@ BAD_CONFIGS = [
     ("benchmark: {timing: {block_time: fast}}", "benchmark.timing.block_time", "duration"),
     ("benchmark: {timing: {repeats: 3}}", "benchmark.timing.repeats", "unknown key"),
     ("benchmark: {timing: {warmup_calls: 0}}", "benchmark.timing.warmup_calls", "at least 1"),
-    ("benchmark: {refine: {tolerance: 0}}", "benchmark.refine.tolerance", "between 0 and 1"),
+    ("benchmark: {refine: {spacing: 0}}", "benchmark.refine.spacing", "between 0 and 1"),
+    ("benchmark: {refine: {visits: 1}}", "benchmark.refine.visits", "at least 2"),
+    ("benchmark: {refine: {tolerance: 0.05}}", "benchmark.refine.tolerance", "refine.spacing"),
     ("benchmark: {refine: {budget: forever}}", "benchmark.refine.budget", "duration"),
     ("benchmark: {refine: {enabled: 1}}", "benchmark.refine.enabled", "true or false"),
     ("benchmark: {refine: {steps: 4}}", "benchmark.refine.steps", "unknown key"),
@@ -139,7 +141,7 @@ benchmark:
   tf32: true
   cpu_threads: 3
   timing: {warmup_calls: 4, block_time: 50ms, min_blocks: 7, max_blocks: 9, target_spread: 0.1, size_budget: 2m}
-  refine: {enabled: false, tolerance: 0.01, budget: 10s}
+  refine: {enabled: false, visits: 7, spacing: 0.1, budget: 10s}
   skip_cpu_above_speedup: 20
   expect_gpus: 2
 server: {listen: "[::1]:9100"}
@@ -160,7 +162,12 @@ server: {listen: "[::1]:9100"}
     assert bench.cpu_threads == 3
     assert (bench.timing.warmup_calls, bench.timing.block_s, bench.timing.min_blocks) == (4, 0.05, 7)
     assert (bench.timing.max_blocks, bench.timing.target_spread, bench.timing.size_budget_s) == (9, 0.1, 120)
-    assert (bench.refine.enabled, bench.refine.tolerance, bench.refine.budget_s) == (False, 0.01, 10)
+    assert (bench.refine.enabled, bench.refine.visits, bench.refine.spacing, bench.refine.budget_s) == (
+        False,
+        7,
+        0.1,
+        10,
+    )
     assert bench.skip_cpu_above_speedup == 20
     assert bench.expect_gpus == 2
     assert (settings.server.host, settings.server.port) == ("::1", 9100)

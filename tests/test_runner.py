@@ -1,15 +1,19 @@
-"""The worker's runner: fixed-cost probe, crossover refinement and CPU skipping, on a known curve."""
+"""The worker's runner: fixed-cost probe, crossover refinement in visits and CPU skipping, on a known curve."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
+import statistics
 import time
 
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.runner import run_plan
+from monitor.bench.runner import between, run_plan
 from monitor.costs import cost_models
 from monitor.crossover import crossovers
 from monitor.model import (
+    Crossover,
     CrossoverState,
     DeviceFailure,
     DeviceInfo,
@@ -23,7 +27,7 @@ from monitor.model import (
 from monitor.protocol import Message, Plan
 from monitor.settings import RefineSettings
 from tests.conftest import make_plan
-from tests.fakes import CurveBackend
+from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
 
 
 def _run(plan: Plan) -> tuple[list[DeviceInfo], list[Measurement]]:
@@ -44,31 +48,79 @@ def test_n1_is_probed_for_the_fixed_cost_when_not_configured() -> None:
     assert costs["/GPU:0"].largest_size == 128
 
 
-def test_refinement_pins_the_crossover_within_tolerance() -> None:
-    """Bisection between 32 and 64 narrows the bracket around the true n ≈ 46 to within 5%."""
+def test_refinement_times_the_bracket_in_visits_with_sizes_added_between() -> None:
+    """Around the true n ≈ 46, the bracket 32–64 gains sizes ≤ 20% apart, each timed in 5 visits on both devices."""
     plan = dataclasses.replace(
         make_plan("tests.fakes:curve", modes=("compute",)),
-        refine=RefineSettings(enabled=True, tolerance=0.05, budget_s=30),
+        refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
     )
     devices, measurements = _run(plan)
-    assert {m.key.size for m in measurements if m.role == "refine"} <= set(range(33, 64))
+    added = {m.key.size for m in measurements if m.role == "refine"}
+    assert added == set(between(32, 64, 0.2))
+    ladder = sorted({32, 64, *added})
+    assert all(b / a - 1 <= 0.2 for a, b in itertools.pairwise(ladder))
+    visited = {(m.key.device, m.key.size): m.timing.visit_count for m in measurements if m.key.size in ladder}
+    assert visited == {(d, n): 5 for d in ("/CPU:0", "/GPU:0") for n in ladder}
+    assert {m.key.size: m.timing.visit_count for m in measurements if m.key.size in (16, 128)} == {16: 1, 128: 1}
     (crossover,) = crossovers(devices, measurements)
     assert crossover.state is CrossoverState.FOUND
     assert crossover.lower is not None
     assert crossover.upper is not None
-    assert crossover.upper / crossover.lower - 1 <= 0.05 or crossover.upper - crossover.lower == 1
-    assert crossover.lower <= 47
-    assert crossover.upper >= 46
+    assert crossover.upper / crossover.lower - 1 <= 0.2
+    assert crossover.lower <= 46.3 <= crossover.upper
+
+
+def test_sizes_between_are_geometric_and_never_repeat_the_ends() -> None:
+    """between() spaces sizes by at most the ratio asked, without the ends, and adds none where none fits."""
+    assert between(64, 128, 0.2) == [76, 91, 108]
+    assert between(100, 110, 0.2) == []
+    small = between(1, 16, 0.2)
+    assert small == sorted(set(small))
+    assert 1 not in small
+    assert 16 not in small
 
 
 def test_refinement_stops_when_its_budget_is_spent() -> None:
-    """A budget that is spent before the first bisection step adds no refined sizes."""
+    """A budget that is spent before the first visit adds no sizes and times nothing twice."""
     plan = dataclasses.replace(
         make_plan("tests.fakes:curve", modes=("compute",)),
-        refine=RefineSettings(enabled=True, tolerance=0.001, budget_s=1e-6),
+        refine=RefineSettings(enabled=True, visits=5, spacing=0.01, budget_s=1e-6),
     )
     _, measurements = _run(plan)
     assert {m.key.size for m in measurements if m.role == "refine"} == set()
+    assert {m.timing.visit_count for m in measurements} == {1}
+
+
+def _noisy_sweep(seed: int, *, refine: bool) -> Crossover:
+    """One sweep of the visit-noise backend (levels ±10% a visit) around its true n ≈ 79.4."""
+    clock = VirtualClock()
+    backend = VisitNoiseBackend(BackendOptions(tf32=False, cpu_threads=1), clock=clock, seed=seed, spread=0.1)
+    plan = dataclasses.replace(
+        make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
+        refine=RefineSettings(enabled=refine, visits=7, spacing=0.2, budget_s=30),
+    )
+    messages: list[Message] = []
+    run_plan(plan, backend, messages.append, clock)
+    latest = {m.key: m for m in messages if isinstance(m, Measurement)}  # a later visit's message replaces
+    devices = [m for m in messages if isinstance(m, DeviceInfo)]
+    (crossover,) = crossovers(devices, latest.values())
+    return crossover
+
+
+def test_visits_make_the_crossover_steady_where_one_visit_scatters() -> None:
+    """Over 30 sweeps, n* from visits scatters far less than from one visit a size, and its interval holds n*."""
+    true_n = (10e-6 / (2 / 1e11 - 2 / 5e13)) ** (1 / 3)
+    single = [_noisy_sweep(seed, refine=False) for seed in range(30)]
+    visited = [_noisy_sweep(seed, refine=True) for seed in range(30)]
+    assert all(c.ci_lower is None for c in single)  # one visit a size cannot show how a point moves
+    single_found = [math.log(c.size) for c in single if c.size is not None]
+    visited_found = [math.log(c.size) for c in visited if c.size is not None]
+    assert len(visited_found) == 30
+    assert statistics.stdev(visited_found) < 0.8 * statistics.stdev(single_found)
+    covered = [
+        c for c in visited if c.ci_lower is not None and c.ci_upper is not None and c.ci_lower <= true_n <= c.ci_upper
+    ]
+    assert len(covered) >= 27
 
 
 def test_cpu_is_skipped_far_past_the_crossover_when_allowed() -> None:
@@ -90,14 +142,22 @@ def test_cpu_is_never_skipped_by_default() -> None:
     assert {m.key.size for m in measurements if m.key.device == "/CPU:0" and m.role == "sweep"} == {16, 64, 256, 512}
 
 
-def test_bootstrap_interval_surrounds_the_crossover() -> None:
-    """The 95% interval from resampled blocks contains the point estimate."""
-    devices, measurements = _run(make_plan("tests.fakes:curve", modes=("compute",)))
+def test_interval_comes_from_visits_and_contains_the_estimate() -> None:
+    """With refinement the interval surrounds n*; without it (one visit a size) none is published."""
+    refined = dataclasses.replace(
+        make_plan("tests.fakes:curve", modes=("compute",)),
+        refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
+    )
+    devices, measurements = _run(refined)
     (crossover,) = crossovers(devices, measurements)
     assert crossover.size is not None
     assert crossover.ci_lower is not None
     assert crossover.ci_upper is not None
     assert crossover.ci_lower <= crossover.size <= crossover.ci_upper
+    devices, measurements = _run(make_plan("tests.fakes:curve", modes=("compute",)))
+    (single,) = crossovers(devices, measurements)
+    assert single.state is CrossoverState.FOUND
+    assert (single.ci_lower, single.ci_upper) == (None, None)
 
 
 class InstantBackend(CurveBackend):

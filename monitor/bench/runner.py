@@ -1,8 +1,8 @@
 """Times a plan against a backend point by point and emits what it finds as messages.
 
-Besides the configured sizes it times the n=1 point (the fixed cost), bisects between the
-sizes that bracket a crossover (refinement), and can stop timing the CPU where it cannot
-change the answer; each of these is bounded by the plan.
+Besides the configured sizes it times the n=1 point (the fixed cost), times the sizes around
+each crossover again in several visits and adds sizes between them (refinement), and can stop
+timing the CPU where it cannot change the answer; each of these is bounded by the plan.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 from monitor.bench.contract import Backend
 from monitor.bench.guard import Guard
-from monitor.bench.timing import Clock, measure
-from monitor.crossover import find_crossover
+from monitor.bench.timing import Clock, measure, with_visit
+from monitor.crossover import SpeedupPoint, crossing_span, locate, speedup_point
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
-    CrossoverState,
     DeviceFailure,
     DeviceInfo,
     Measurement,
@@ -31,9 +30,14 @@ from monitor.model import (
     canonical_device,
 )
 from monitor.protocol import Environment, Message, Plan, Started
-from monitor.settings import GuardSettings
+from monitor.settings import GuardSettings, TimingSettings
 
 Emit = Callable[[Message], None]
+# Blocks of a later visit of a point: a median that one slow block cannot move. Between visits a
+# point's level moves by more than its blocks within one show, so visits, not blocks, are spent.
+REVISIT_BLOCKS = 3
+# Rounds of refinement: each may find the crossover at a size it has not yet timed in visits.
+_REFINE_ROUNDS = 4
 
 
 def select_devices(
@@ -83,18 +87,61 @@ class _Session:
     withheld: set[str] = field(default_factory=set)  # busy or disturbed: nothing more is timed on it
     devices: list[DeviceInfo] = field(default_factory=list)
     timed: set[str] = field(default_factory=set)  # devices with a point timed in this sweep
-    medians: dict[tuple[str, str, Mode, int], float] = field(default_factory=dict)
-    probes: set[tuple[str, str, Mode, int]] = field(default_factory=set)  # not part of the crossover
+    timings: dict[tuple[str, str, Mode, int], Timing] = field(default_factory=dict)  # all visits so far
+    roles: dict[tuple[str, str, Mode, int], Role] = field(default_factory=dict)
 
     def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
-        """Time one point (once per sweep) and emit it; None if it could not be timed."""
-        cached = self.medians.get((device.device, dtype, mode, size))
+        """Time one point (once per sweep) and emit it; its median, or None if it could not be timed."""
+        cached = self.timings.get((device.device, dtype, mode, size))
         if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
-            return cached
+            return cached.median_s if cached is not None else None
+        timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.timing, calls=None)
+        if timing is None:
+            return None
+        self.timed.add(device.device)
+        self.timings[(device.device, dtype, mode, size)] = timing
+        self.roles[(device.device, dtype, mode, size)] = role
+        self._emit_point(device, size, dtype, mode)
+        return timing.median_s
+
+    def visit(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, visits: int) -> None:
+        """Time a point again (short blocks of the first visit's length) until it has ``visits`` visits."""
+        where = (device.device, dtype, mode, size)
+        timing = self.timings.get(where)
+        if timing is None:
+            self.point(device, size, dtype, mode, "refine")
+            return
+        if timing.visit_count >= visits:
+            return
+        if device.device in self.failed | self.withheld or self.retry_is_over():
+            return
+        blocks = dataclasses.replace(self.plan.timing, min_blocks=REVISIT_BLOCKS, max_blocks=REVISIT_BLOCKS)
+        again = self._attempt(device, size, dtype, mode, role="refine", settings=blocks, calls=timing.calls_per_block)
+        if again is not None:
+            self.timings[where] = with_visit(timing, again, self.plan.timing.target_spread)
+            self._emit_point(device, size, dtype, mode)  # replaces the point's earlier message
+
+    def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
+        where = (device.device, dtype, mode, size)
+        key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
+        self.emit(Measurement(key=key, timing=self.timings[where], role=self.roles[where]))
+
+    def _attempt(
+        self,
+        device: DeviceInfo,
+        size: int,
+        dtype: str,
+        mode: Mode,
+        *,
+        role: Role,
+        settings: TimingSettings,
+        calls: int | None,
+    ) -> Timing | None:
+        """One visit of a point under the guard; None if it failed (reported) or was withheld."""
         key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
         self.emit(Started(key=key, role=role))
         try:
-            timing = self._guarded(device, size, dtype, mode)
+            return self._guarded(device, size, dtype, mode, settings=settings, calls=calls)
         except MeasurementFailed as exc:
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), point=key))
             return None
@@ -107,16 +154,10 @@ class _Session:
             reason = f"unexpected {type(exc).__name__} from the backend: {exc}"
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=reason))
             return None
-        if timing is None:  # withheld: another program was using the device
-            return None
-        self.timed.add(device.device)
-        self.medians[(device.device, dtype, mode, size)] = timing.median_s
-        if role == "probe":
-            self.probes.add((device.device, dtype, mode, size))
-        self.emit(Measurement(key=key, timing=timing, role=role))
-        return timing.median_s
 
-    def _guarded(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> Timing | None:
+    def _guarded(
+        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
+    ) -> Timing | None:
         """Time one point under the interference guard; None (and the device withheld) if it was disturbed."""
         if device.kind == "gpu":
             # Looked at before anything is allocated on it: a busy GPU gets no operands either.
@@ -126,7 +167,7 @@ class _Session:
                 run = self.backend.prepare(device, size, dtype, mode)
                 timings: list[Timing] = []
                 waited = self.guard.time_gpu_point(
-                    device, lambda: timings.append(measure(run, self.plan.timing, self.clock))
+                    device, lambda: timings.append(measure(run, settings, self.clock, calls=calls))
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -143,7 +184,7 @@ class _Session:
             timings = []
             threads = int(dict(device.details).get("threads", "0")) or 1
             verdict = self.guard.time_cpu_point(
-                device, threads, lambda: timings.append(measure(run, self.plan.timing, self.clock))
+                device, threads, lambda: timings.append(measure(run, settings, self.clock, calls=calls))
             )
             timing = timings[-1]
         if verdict is not None:
@@ -179,9 +220,20 @@ class _Session:
                 )
 
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
-        cpu_time = self.medians.get((cpu.device, dtype, mode, size))
-        gpu_time = self.medians.get((gpu.device, dtype, mode, size))
-        return cpu_time / gpu_time if cpu_time is not None and gpu_time is not None else None
+        cpu_time = self.timings.get((cpu.device, dtype, mode, size))
+        gpu_time = self.timings.get((gpu.device, dtype, mode, size))
+        return cpu_time.median_s / gpu_time.median_s if cpu_time is not None and gpu_time is not None else None
+
+    def curve(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode) -> list[SpeedupPoint]:
+        """The pair's speed-ups so far, at every size both have (the n=1 probe aside), visits paired."""
+        return [
+            speedup_point(n, timing, self.timings[(gpu.device, dt, md, n)])
+            for (device, dt, md, n), timing in self.timings.items()
+            if device == cpu.device
+            and (dt, md) == (dtype, mode)
+            and (gpu.device, dt, md, n) in self.timings
+            and self.roles[(device, dt, md, n)] != "probe"
+        ]
 
 
 def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guard | None = None) -> None:
@@ -258,37 +310,48 @@ def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode:
 
 
 def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float) -> None:
-    """Bisect (geometrically) each found bracket until upper/lower - 1 <= tolerance or time is up."""
-    tolerance = session.plan.refine.tolerance
-    for cpu in (d for d in devices if d.kind == "cpu"):
-        for gpu in (d for d in devices if d.kind == "gpu"):
-            sizes = sorted(
-                n
-                for (device, dt, md, n) in session.medians
-                if device == cpu.device
-                and dt == dtype
-                and md == mode
-                and (gpu.device, dtype, mode, n) in session.medians
-                and (device, dt, md, n) not in session.probes
-            )
-            if not sizes:
-                continue
-            curve = [
-                (n, session.medians[(cpu.device, dtype, mode, n)], session.medians[(gpu.device, dtype, mode, n)])
-                for n in sizes
-            ]
-            state, _, lower, upper = find_crossover(curve)
-            if state is not CrossoverState.FOUND or lower is None or upper is None:
-                continue
-            while upper / lower - 1 > tolerance and session.clock() < deadline:
-                middle = round(math.sqrt(lower * upper))
-                if middle in (lower, upper):
-                    break
-                cpu_time = session.point(cpu, middle, dtype, mode, "refine")
-                gpu_time = session.point(gpu, middle, dtype, mode, "refine")
-                if cpu_time is None or gpu_time is None:
-                    break
-                if gpu_time < cpu_time:
-                    upper = middle
-                else:
-                    lower = middle
+    """Time the sizes around each crossover in ``refine.visits`` visits each, until time is up.
+
+    First the measured sizes from the first to the last change of which device is faster; then,
+    once their medians bracket the crossover, sizes between the bracket's two, at most ``spacing``
+    apart; again if the medians move the bracket to sizes timed once. Visits go round-robin over
+    the sizes, and at each size the CPU and every GPU in turn, so that one size's visits are spread
+    over the sweep and the CPU's and a GPU's k-th visits are taken together.
+    """
+    refine = session.plan.refine
+    cpus = [d for d in devices if d.kind == "cpu"]
+    gpus = [d for d in devices if d.kind == "gpu"]
+    done: set[int] = set()
+    for _ in range(_REFINE_ROUNDS):
+        wanted: set[int] = set()
+        for cpu in cpus:
+            for gpu in gpus:
+                wanted |= _sizes_to_visit(session.curve(cpu, gpu, dtype, mode), refine.spacing)
+        sizes = sorted(wanted - done)
+        if not sizes:
+            return
+        for visit in range(1, refine.visits + 1):
+            for size in sizes:
+                for device in (*cpus, *gpus):
+                    if session.clock() >= deadline:
+                        return
+                    session.visit(device, size, dtype, mode, visit)
+        done |= set(sizes)
+
+
+def _sizes_to_visit(curve: list[SpeedupPoint], spacing: float) -> set[int]:
+    """The sizes around a pair's crossover: those the crossing could lie among, and sizes to add inside its bracket."""
+    if not curve:
+        return set()
+    found = locate(curve, resamples=0)
+    if found.lower is None or found.upper is None:  # no single crossing: every size where the lead changes
+        span = crossing_span(curve)
+        return set() if span is None else {p.size for p in curve if span[0] <= p.size <= span[1]}
+    return {found.lower, found.upper, *between(found.lower, found.upper, spacing)}
+
+
+def between(lower: int, upper: int, spacing: float) -> list[int]:
+    """Sizes between two, geometrically spaced, no two neighbours more than ``spacing`` apart (ratio − 1)."""
+    steps = math.ceil(math.log(upper / lower) / math.log1p(spacing) - 1e-9)
+    inner = {round(lower * (upper / lower) ** (k / steps)) for k in range(1, steps)}
+    return sorted(n for n in inner if lower < n < upper)

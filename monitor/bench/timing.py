@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -51,12 +52,15 @@ def calibrate(run: RunBlock, block_s: float, clock: Clock) -> int:
     return calls
 
 
-def measure(run: RunBlock, settings: TimingSettings, clock: Clock) -> Timing:
-    """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent."""
+def measure(run: RunBlock, settings: TimingSettings, clock: Clock, *, calls: int | None = None) -> Timing:
+    """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent.
+
+    ``calls`` skips the calibration: a later visit of a point keeps the block length of its first.
+    """
     started = clock()
     for _ in range(settings.warmup_calls):
         run(1)
-    calls = calibrate(run, settings.block_s, clock)
+    calls = calls or calibrate(run, settings.block_s, clock)
     samples: list[float] = []
     while True:
         samples.append(_timed(run, calls, clock) / calls)
@@ -80,4 +84,24 @@ def measure(run: RunBlock, settings: TimingSettings, clock: Clock) -> Timing:
         stop_reason=reason,
         noisy=spread > settings.target_spread,
         samples_s=tuple(samples),
+    )
+
+
+def with_visit(timing: Timing, visit: Timing, target_spread: float) -> Timing:
+    """A point's timing with one more visit: median and IQR over the visits' medians, every block kept.
+
+    Between visits a point's level moves by more than its blocks within one visit show, so the
+    visits, not the blocks, say how well the point is known; a spread above ``target_spread`` is
+    flagged as noisy like any other.
+    """
+    visits = (*(timing.visits_s or (timing.median_s,)), visit.median_s)
+    median, iqr = median_and_iqr(visits)
+    return dataclasses.replace(
+        timing,
+        median_s=median,
+        iqr_s=iqr,
+        blocks=timing.blocks + visit.blocks,
+        noisy=iqr / median > target_spread,
+        samples_s=timing.samples_s + visit.samples_s,
+        visits_s=visits,
     )
