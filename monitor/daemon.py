@@ -271,7 +271,10 @@ class Service:
         self._give_up_on_fatal(outcome)
         if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
             outcome = dataclasses.replace(outcome, snapshot=asked_for(outcome.snapshot, self._settings))
-        fields = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
+        fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
+        problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
+        if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
+            fields["no_gpu"] = problem
         if retry:
             fields["result"] = self._store.record_retry(outcome).value
             self._remember("retry", outcome)

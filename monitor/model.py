@@ -18,6 +18,8 @@ MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 # Built-in backends, each monitor/bench/<name>_backend.py; anything else is a plugin "package.module:attribute".
 BACKENDS: tuple[str, ...] = ("tensorflow", "torch", "jax")
+# The environment entry in which a backend that found no GPU says why, and how to fix it (monitor/bench/nogpu.py).
+GPU_PROBLEM = "gpu_problem"
 
 
 def canonical_device(name: str) -> str:
@@ -268,6 +270,11 @@ class Snapshot:
     # When each device's served timings were taken: this sweep's end, or an earlier sweep's for a
     # device whose timings were carried over while it was withheld.
     measured_at: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def gpu_problem(self) -> str | None:
+        """Why the backend found no GPU, where it found none (the ``no_gpu`` state's cause and fix)."""
+        return dict(self.environment).get(GPU_PROBLEM)
 
     @property
     def measured_devices(self) -> frozenset[str]:

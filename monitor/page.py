@@ -106,8 +106,12 @@ def _devices(state: ServiceState) -> str:
 
 def _crossovers(state: ServiceState) -> list[str]:
     latest = state.latest
+    # Why the backend found no GPU: beside the no_gpu state, or alone where no curve came to be compared.
+    problem = (
+        [] if latest is None or not latest.gpu_problem else [f"<p id='no-gpu'>No GPU: {_e(latest.gpu_problem)}</p>"]
+    )
     if latest is None or not latest.crossovers:
-        return ["<p>None yet.</p>"]
+        return ["<p>None yet.</p>", *problem]
     head = "".join(f"<th>{h}</th>" for h in ("GPU", "CPU", "dtype", "mode", "state", "n*", "bracket", "measured"))
     rows = [f"<table id='crossovers'><tr>{head}</tr>"]
     measured = dict(latest.measured_at)
@@ -121,6 +125,7 @@ def _crossovers(state: ServiceState) -> list[str]:
             f"<td>{_e(when)}</td></tr>"
         )
     rows.append("</table>")
+    rows.extend(problem)
     rows.extend(
         f"<p class='withheld'>{_e(w.device)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
         for w in latest.withheld

@@ -10,7 +10,16 @@ from typing import TextIO
 
 from monitor.codec import to_data
 from monitor.history import Run
-from monitor.model import Crossover, CrossoverState, DeviceInfo, HardwareContext, Measurement, SweepOutcome, curves
+from monitor.model import (
+    GPU_PROBLEM,
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    SweepOutcome,
+    curves,
+)
 from monitor.protocol import Message, Plan, Started
 
 
@@ -66,7 +75,7 @@ def render_table(outcome: SweepOutcome) -> str:
     snapshot = outcome.snapshot
     if snapshot is None:
         return "\n".join(lines)
-    lines += [f"{k}: {v}" for k, v in snapshot.environment]
+    lines += [f"{k}: {v}" for k, v in snapshot.environment if k != GPU_PROBLEM]  # said by the crossovers
     speedups = _speedups(outcome)
     names = {d.device: d.name for d in snapshot.devices}
     for key, curve in curves(snapshot.measurements).items():
@@ -95,6 +104,8 @@ def render_table(outcome: SweepOutcome) -> str:
         lines += [f"  {_crossover_line(c)}" for c in snapshot.crossovers]
     else:
         lines.append("crossovers: none")
+    if snapshot.gpu_problem:
+        lines.append(f"no GPU: {snapshot.gpu_problem}")
     for f in snapshot.failures:
         lines.append(f"failed: {f.device}: {f.reason}")
     for w in snapshot.withheld:

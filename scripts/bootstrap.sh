@@ -15,6 +15,7 @@ apt_install() {
 bootstrap_venv() {
   local extra="$1" python="${PYTHON:-python3}"
   shift
+  # One stamp per extra: a venv first made without the cuda extra gets it once a GPU appears.
   local stamp=".venv/.installed${extra:+-$extra}"
   if [ ! -x .venv/bin/python ]; then
     # Debian and Ubuntu ship venv's pip bootstrap separately.
@@ -25,5 +26,52 @@ bootstrap_venv() {
     .venv/bin/python -m pip install -q --upgrade pip
     .venv/bin/python -m pip install -q -e ".${extra:+[$extra]}" "$@"
     touch "$stamp"
+  fi
+}
+
+# Where an NVIDIA GPU shows, without CUDA: the driver's list of GPUs, a GPU device node, `nvidia-smi -L`, or an
+# NVIDIA display controller on the PCI bus (a GPU whose driver is not loaded yet). Prints the first it finds and
+# succeeds; fails, printing nothing, where none shows. ROOT (default: the real one) and NVIDIA_SMI (default:
+# nvidia-smi) are there for the tests, which point it at a fake tree.
+# Usage: nvidia_gpu_seen [ROOT [NVIDIA_SMI]]
+nvidia_gpu_seen() {
+  local root="${1:-}" smi="${2:-nvidia-smi}" found listed
+  for found in "$root"/proc/driver/nvidia/gpus/*; do
+    if [ -e "$found" ]; then echo "$found"; return 0; fi
+  done
+  if [ -e "$root/dev/nvidia0" ]; then echo "$root/dev/nvidia0"; return 0; fi
+  # A bounded wait: nvidia-smi can hang for minutes on a driver in a bad state.
+  if listed=$(timeout 10 "$smi" -L 2>/dev/null) && [ -n "$listed" ]; then
+    echo "nvidia-smi -L: ${listed%%$'\n'*}"
+    return 0
+  fi
+  for found in "$root"/sys/bus/pci/devices/*; do
+    # Vendor 0x10de is NVIDIA; class 0x03xxxx a display or 3D controller (not a GPU's audio function).
+    if [ "$(cat "$found/vendor" 2>/dev/null)" = 0x10de ] && [[ "$(cat "$found/class" 2>/dev/null)" == 0x03* ]]; then
+      echo "an NVIDIA display controller at PCI ${found##*/}, its driver not loaded"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# The extra scripts/run installs: CROSSOVER_MONITOR_EXTRA where it is set (empty for none), else "cuda" where an
+# NVIDIA GPU shows, so that TensorFlow has its CUDA libraries (tensorflow[and-cuda]), else none. Prints the extra
+# on stdout and, in one line on stderr, what it found and what it chose.
+# Usage: run_extra [ROOT [NVIDIA_SMI]]   (as nvidia_gpu_seen)
+run_extra() {
+  local seen chosen="without extras"
+  if [ -n "${CROSSOVER_MONITOR_EXTRA+set}" ]; then
+    if [ -n "$CROSSOVER_MONITOR_EXTRA" ]; then chosen="with [$CROSSOVER_MONITOR_EXTRA]"; fi
+    echo "scripts/run: CROSSOVER_MONITOR_EXTRA='$CROSSOVER_MONITOR_EXTRA' chosen, no GPU detection: the package $chosen" >&2
+    echo "$CROSSOVER_MONITOR_EXTRA"
+  elif seen=$(nvidia_gpu_seen "$@"); then
+    echo "scripts/run: NVIDIA GPU found ($seen): the package with the cuda extra, TensorFlow's CUDA" \
+      "libraries (several GB the first time; CROSSOVER_MONITOR_EXTRA= to go without)" >&2
+    echo cuda
+  else
+    echo "scripts/run: no NVIDIA GPU found (no /proc/driver/nvidia/gpus/*, /dev/nvidia0, nvidia-smi -L or NVIDIA" \
+      "display controller): the package without the cuda extra; the CPU is timed alone" >&2
+    echo ""
   fi
 }

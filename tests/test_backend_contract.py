@@ -19,7 +19,7 @@ from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.bench.timing import measure
 from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from monitor.model import DTYPES, MODES, DeviceFailure, DeviceInfo, Measurement, Mode, SweepResult
+from monitor.model import DTYPES, GPU_PROBLEM, MODES, DeviceFailure, DeviceInfo, Measurement, Mode, SweepResult
 from monitor.protocol import Environment, Message
 from monitor.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan
@@ -59,6 +59,13 @@ def test_environment_records_what_changes_the_answer(backend: CheckedBackend) ->
     assert env["framework_version"]
     assert env["tf32"] == "false"
     assert env["cpu_threads"] == str(usable_cpus())
+
+
+def test_environment_says_why_there_is_no_gpu(backend: CheckedBackend) -> None:
+    """With no GPU found, environment() carries the cause and its fix: on this machine, no NVIDIA driver."""
+    problem = backend.environment()[GPU_PROBLEM]
+    assert problem.startswith("no NVIDIA GPU or driver on this host"), problem
+    assert "fine on a CPU-only machine" in problem
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -15,7 +15,7 @@ import pytest
 
 from monitor import __version__
 from monitor.cli import main
-from monitor.model import HardwareContext, Snapshot, SweepOutcome, SweepResult
+from monitor.model import GPU_PROBLEM, Crossover, CrossoverState, HardwareContext, Snapshot, SweepOutcome, SweepResult
 from monitor.report import render_table
 from tests.conftest import REPO
 from tests.service import fake_config
@@ -107,6 +107,32 @@ def test_once_says_what_a_gpu_looked_like_while_it_was_timed() -> None:
             "1 other process at most"
         )
     ]
+
+
+def test_once_says_why_there_is_no_gpu_beside_the_crossovers() -> None:
+    """The backend's reason for finding no GPU is one line under the no_gpu crossovers, not among the versions."""
+    no_gpu = Crossover(
+        backend="tensorflow", gpu="none", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.NO_GPU
+    )
+    reason = "TensorFlow as installed here is CPU-only, although the NVIDIA driver is loaded: install the cuda extra"
+    snapshot = Snapshot(
+        started_at=0.0,
+        finished_at=1.0,
+        devices=(),
+        measurements=(),
+        crossovers=(no_gpu,),
+        environment=(("framework", "tensorflow"), (GPU_PROBLEM, reason)),
+    )
+    outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=snapshot)
+    lines = render_table(outcome).splitlines()
+    tail = lines[lines.index("crossovers:") :]
+    assert tail == [
+        "crossovers:",
+        "  /CPU:0  float32 compute: no GPU was measured, so there is nothing to compare the CPU with",
+        f"no GPU: {reason}",
+    ]
+    assert "framework: tensorflow" in lines
+    assert not [line for line in lines if line.startswith(GPU_PROBLEM)]
 
 
 def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from monitor import page
 from monitor.history import Run
-from monitor.model import ServiceState, SweepOutcome, SweepResult, Withheld, WithheldReason
+from monitor.model import GPU_PROBLEM, ServiceState, SweepOutcome, SweepResult, Withheld, WithheldReason
 from monitor.settings import Settings
 from tests.conftest import tool
 from tests.service import RunningService, fake_config
@@ -114,6 +114,20 @@ def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
     assert "pip install 'crossover-monitor[plot]'" in rendered
     assert "None yet." in rendered  # an empty history
+
+
+def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
+    """Where the backend found no GPU, the page says why under the crossovers (escaped), and also without any."""
+    reason = "CUDA_VISIBLE_DEVICES='<-1>' hides every GPU from this process: unset it"
+    latest = dataclasses.replace(SNAPSHOT, environment=(*SNAPSHOT.environment, (GPU_PROBLEM, reason)))
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=False, now=0.0, version="x")
+    assert "<p id='no-gpu'>No GPU: CUDA_VISIBLE_DEVICES=&#x27;&lt;-1&gt;&#x27; hides every GPU" in rendered
+    assert rendered.index("id='crossovers'") < rendered.index("id='no-gpu'")
+    alone = dataclasses.replace(latest, crossovers=())
+    assert "id='no-gpu'" in page.render(Settings(), ServiceState(latest=alone), [], picture=False, now=0.0, version="x")
+    assert "id='no-gpu'" not in page.render(
+        Settings(), ServiceState(latest=SNAPSHOT), [], picture=False, now=0.0, version="x"
+    )
 
 
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:

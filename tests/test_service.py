@@ -79,6 +79,20 @@ def test_no_gpu_is_stated_plainly(tensorflow_service: tuple[RunningService, str]
     assert not find(samples, "matmul_crossover_size")
 
 
+def test_why_there_is_no_gpu_is_logged_and_shown_but_never_a_label(
+    tensorflow_service: tuple[RunningService, str],
+) -> None:
+    """The real TensorFlow service here says why it has no GPU in its sweep log line and on /, not on /metrics."""
+    service, body = tensorflow_service
+    (line,) = [line for line in service.logs().splitlines() if "sweep finished" in line]
+    assert "no_gpu=no NVIDIA GPU or driver on this host" in line, line
+    status, _, landing = service.get("/")
+    assert status == 200
+    assert "<p id='no-gpu'>No GPU: no NVIDIA GPU or driver on this host" in landing
+    assert "no NVIDIA GPU or driver" not in body  # no label value: a new series at every rewording
+    assert "gpu_problem" not in body
+
+
 def test_sweep_and_device_metrics_follow_the_contract(tensorflow_service: tuple[RunningService, str]) -> None:
     """Sweep counters, timestamps, device up/info and build info are all present with sane values."""
     samples = parse(tensorflow_service[1])

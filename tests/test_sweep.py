@@ -106,6 +106,7 @@ def test_missing_expected_gpu_fails_the_sweep_and_is_named() -> None:
     outcome = run_sweep(plan, timeout_s=30, cancel=threading.Event())
     assert outcome.result is SweepResult.FAILED
     assert "expected 1 GPU(s)" in outcome.reason
+    assert "is the driver loaded" in outcome.reason  # a backend that cannot tell why: the question to check
     assert outcome.snapshot is not None
     assert [f.device for f in outcome.snapshot.failures] == ["expected-gpu-0"]
     assert outcome.snapshot.measured_devices == {"/CPU:0"}
@@ -150,6 +151,20 @@ def test_tensorflow_sweep_on_this_cpu_says_no_gpu() -> None:
     assert outcome.snapshot.measured_devices == {"/CPU:0"}
     assert {c.state for c in outcome.snapshot.crossovers} == {CrossoverState.NO_GPU}
     assert all(m.timing.median_s > 0 for m in outcome.snapshot.measurements)
+
+
+@pytest.mark.slow
+def test_tensorflow_expecting_a_gpu_here_fails_naming_the_missing_driver() -> None:
+    """expect_gpus on this driverless machine fails the sweep; the missing GPU's reason says why TensorFlow has none."""
+    plan = dataclasses.replace(make_plan("tensorflow", sizes=(8,), modes=("compute",)), expect_gpus=1)
+    outcome = run_sweep(plan, timeout_s=120, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert outcome.snapshot is not None
+    (failure,) = outcome.snapshot.failures
+    assert failure.device == "expected-gpu-0"
+    assert failure.reason.startswith("expected 1 GPU(s), tensorflow found 0: no NVIDIA GPU or driver on this host")
+    assert outcome.snapshot.gpu_problem is not None
+    assert outcome.snapshot.gpu_problem in outcome.reason
 
 
 @pytest.mark.slow

@@ -36,7 +36,11 @@ class Backend(Protocol):
     name: str
 
     def environment(self) -> Mapping[str, str]:
-        """Versions and settings that change the answer (framework, CUDA, TF32, threads)."""
+        """Versions and settings that change the answer (framework, CUDA, TF32, threads).
+
+        A backend that finds no GPU adds ``GPU_PROBLEM`` (``monitor.model``): why, and how to fix it, in one
+        sentence (``monitor.bench.nogpu.explain``); it is shown wherever the ``no_gpu`` state is.
+        """
         ...
 
     def discover(self) -> Sequence[DeviceInfo]:

@@ -8,7 +8,9 @@ the CPU.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -28,8 +30,9 @@ from monitor.bench.common import (
     relative_error,
 )
 from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.nogpu import Facts, explain, read_host
 from monitor.errors import DeviceUnavailable, MeasurementFailed
-from monitor.model import DeviceInfo, Mode
+from monitor.model import GPU_PROBLEM, DeviceInfo, Mode
 
 _DTYPES = {name: np.dtype(getattr(jnp, name)) for name in ("float16", "bfloat16", "float32", "float64")}
 _HostArray = npt.NDArray[Any]
@@ -57,6 +60,7 @@ class JaxBackend:
             "cuda_version": gpus[0].client.platform_version if gpus else "",
             "tf32": str(jax.default_matmul_precision.value == "tensorfloat32").lower(),
             "cpu_threads": str(self._cpu_threads),
+            **({GPU_PROBLEM: _gpu_problem()} if not gpus else {}),
         }
 
     def discover(self) -> Sequence[DeviceInfo]:
@@ -158,6 +162,34 @@ def _gpus() -> list[jax.Device]:
         return list(jax.devices("gpu"))
     except RuntimeError:  # no GPU platform (CPU-only jaxlib, or no driver): JAX says so this way
         return []
+
+
+def _gpu_problem() -> str:
+    """Why JAX has no GPU, in a sentence with its fix."""
+    plugin = _cuda_plugin()
+    says = ""
+    if plugin:
+        try:
+            jax.devices("cuda")
+        except RuntimeError as exc:  # the plugin's own reason, where it failed to start
+            says = str(exc).strip()
+    facts = Facts(
+        framework="JAX",
+        host=read_host(os.environ),
+        cuda_build=bool(plugin),
+        build_fix="it has no CUDA plugin; pip install 'jax[cuda12]' (or jax[cuda13]) adds one, with its CUDA libraries",
+        framework_says=says,
+    )
+    return explain(facts)
+
+
+def _cuda_plugin() -> str:
+    """The installed distribution of a JAX CUDA plugin (jax-cuda12-plugin, …), or ''."""
+    for distribution in importlib.metadata.distributions():
+        name = str(distribution.metadata["Name"] or "")
+        if re.fullmatch(r"jax[-_.]cuda\d+[-_.]plugin", name, re.IGNORECASE):
+            return name
+    return ""
 
 
 def _pin_cpus(threads: int) -> int:

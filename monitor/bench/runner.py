@@ -18,6 +18,7 @@ from monitor.bench.timing import Clock, measure, with_visit
 from monitor.crossover import SpeedupPoint, crossing_span, locate, speedup_point
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
+    GPU_PROBLEM,
     DeviceFailure,
     DeviceInfo,
     Measurement,
@@ -243,12 +244,14 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     close together in time, and drift on the host affects both alike.
     """
     # Plain strings on the wire, whatever a plug-in hands over (an int thread count, say).
-    emit(Environment({str(k): str(v) for k, v in backend.environment().items()}))
+    environment = {str(k): str(v) for k, v in backend.environment().items()}
+    emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     for device in devices:
         emit(dataclasses.replace(device, details=tuple((str(k), str(v)) for k, v in device.details)))
-    _report_missing_gpus(plan, backend.name, sum(1 for d in devices if d.kind == "gpu"), emit)
+    found_gpus = sum(1 for d in devices if d.kind == "gpu")
+    _report_missing_gpus(plan, backend.name, found_gpus, environment.get(GPU_PROBLEM), emit)
     guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
     if plan.retry and not _any_gpu_free(session, devices):
@@ -267,12 +270,13 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
         emit(context)
 
 
-def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, emit: Emit) -> None:
+def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, problem: str | None, emit: Emit) -> None:
+    """One failure per expected GPU not found, saying why where the backend could tell (it found none)."""
     for index in range(found_gpus, plan.expect_gpus):
         # A named series (expected-gpu-N) so that matmul_device_up says 0 and the device-down alert fires.
-        reason = (
-            f"expected {plan.expect_gpus} GPU(s), {backend} found {found_gpus}: "
-            "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
+        reason = f"expected {plan.expect_gpus} GPU(s), {backend} found {found_gpus}: " + (
+            problem
+            or "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
         )
         emit(DeviceFailure(backend=backend, device=f"expected-gpu-{index}", reason=reason))
 

@@ -7,6 +7,8 @@ never silently run on the CPU.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -24,10 +26,16 @@ from monitor.bench.common import (
     relative_error,
 )
 from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.nogpu import Facts, cuda_libraries, explain, missing_libraries, nvidia_wheel_dirs, read_host
 from monitor.errors import DeviceUnavailable, MeasurementFailed
-from monitor.model import DeviceInfo, Mode
+from monitor.model import GPU_PROBLEM, DeviceInfo, Mode
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
+_CUDA_EXTRA = (
+    "install the cuda extra, pip install 'crossover-monitor[cuda]' (tensorflow[and-cuda]: the CUDA, cuBLAS and "
+    "cuDNN libraries this TensorFlow was built with, as NVIDIA's wheels); ./scripts/run does so where it sees an "
+    "NVIDIA GPU"
+)
 
 
 def _short_name(full: str) -> str:
@@ -58,6 +66,7 @@ class TensorFlowBackend:
             "cudnn_version": str(build.get("cudnn_version", "")),
             "tf32": str(tf.config.experimental.tensor_float_32_execution_enabled()).lower(),
             "cpu_threads": str(tf.config.threading.get_intra_op_parallelism_threads()),
+            **({GPU_PROBLEM: problem} if (problem := _gpu_problem(build)) else {}),
         }
 
     @functools.cached_property
@@ -141,6 +150,38 @@ def _end_to_end_block(
         return result
 
     return run
+
+
+def _gpu_problem(build: Mapping[str, object]) -> str | None:
+    """Why TensorFlow registered no GPU (None when it has one), in a sentence with its fix."""
+    if tf.config.list_physical_devices("GPU"):
+        return None
+    host = read_host(os.environ)
+    cuda_build = bool(build.get("is_cuda_build"))
+    missing: tuple[str, ...] = ()
+    if host.driver and cuda_build:  # what TensorFlow logs as "Cannot dlopen some GPU libraries"
+        wanted = cuda_libraries(str(build.get("cuda_version", "")), str(build.get("cudnn_version", "")))
+        missing = missing_libraries(wanted, nvidia_wheel_dirs())
+    build_fix = _CUDA_EXTRA
+    if _installed("tensorflow-cpu"):
+        build_fix = f"tensorflow-cpu is installed: pip uninstall tensorflow-cpu, then {_CUDA_EXTRA}"
+    facts = Facts(
+        framework="TensorFlow",
+        host=host,
+        cuda_build=cuda_build,
+        build_fix=build_fix,
+        missing_libraries=missing,
+        libraries_fix=_CUDA_EXTRA,
+    )
+    return explain(facts)
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 @contextmanager

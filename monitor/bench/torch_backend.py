@@ -7,6 +7,7 @@ and every block checks where its result lives, so a GPU timing can never silentl
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -22,8 +23,9 @@ from monitor.bench.common import (
     relative_error,
 )
 from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.nogpu import Facts, explain, read_host
 from monitor.errors import DeviceUnavailable, MeasurementFailed
-from monitor.model import DeviceInfo, Mode
+from monitor.model import GPU_PROBLEM, DeviceInfo, Mode
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
@@ -47,6 +49,7 @@ class TorchBackend:
             "cudnn_version": str(torch.backends.cudnn.version() or ""),
             "tf32": str(torch.backends.cuda.matmul.allow_tf32).lower(),
             "cpu_threads": str(torch.get_num_threads()),
+            **({GPU_PROBLEM: problem} if (problem := _gpu_problem()) else {}),
         }
 
     def discover(self) -> Sequence[DeviceInfo]:
@@ -137,6 +140,30 @@ def _end_to_end_block(
         return result
 
     return run
+
+
+def _gpu_problem() -> str | None:
+    """Why torch sees no GPU (None when it sees one), in a sentence with its fix."""
+    if torch.cuda.device_count():
+        return None
+    cuda_build = torch.version.cuda is not None
+    says = ""
+    if cuda_build:
+        try:
+            torch.cuda.init()  # fails with CUDA's own reason, e.g. "The NVIDIA driver on your system is too old"
+        except (RuntimeError, AssertionError) as exc:
+            says = str(exc).strip()
+    facts = Facts(
+        framework="PyTorch",
+        host=read_host(os.environ),
+        cuda_build=cuda_build,
+        build_fix=(
+            f"torch {torch.__version__} is a CPU build; install a CUDA one, e.g. pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu128 (pytorch.org lists the others)"
+        ),
+        framework_says=says,
+    )
+    return explain(facts)
 
 
 @contextmanager

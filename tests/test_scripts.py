@@ -1,0 +1,157 @@
+"""scripts/bootstrap.sh as scripts/run uses it: GPU detection on a fake root, the extra it picks, install stamps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+BOOTSTRAP = REPO / "scripts" / "bootstrap.sh"
+
+
+def bash(script: str, *, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash with scripts/bootstrap.sh sourced, as scripts/run runs it (errexit, nounset, pipefail)."""
+    return subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; . {BOOTSTRAP}; {script}"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+
+
+def _no_smi(tmp_path: Path) -> str:
+    """An nvidia-smi that is not installed."""
+    return str(tmp_path / "no-nvidia-smi")
+
+
+def _pci_function(root: Path, name: str, vendor: str, kind: str) -> None:
+    function = root / "sys" / "bus" / "pci" / "devices" / name
+    function.mkdir(parents=True)
+    (function / "vendor").write_text(vendor + "\n")
+    (function / "class").write_text(kind + "\n")
+
+
+def test_an_empty_root_shows_no_gpu(tmp_path: Path) -> None:
+    """No driver list, device node, nvidia-smi or NVIDIA controller: no GPU, and nothing printed."""
+    done = bash(f"nvidia_gpu_seen {tmp_path} {_no_smi(tmp_path)}")
+    assert done.returncode == 1
+    assert done.stdout == ""
+
+
+def test_the_drivers_gpu_list_shows_a_gpu(tmp_path: Path) -> None:
+    """A GPU in /proc/driver/nvidia/gpus is found first, and named by its path."""
+    gpu = tmp_path / "proc" / "driver" / "nvidia" / "gpus" / "0000:17:00.0"
+    gpu.mkdir(parents=True)
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    done = bash(f"nvidia_gpu_seen {tmp_path} {_no_smi(tmp_path)}")
+    assert done.returncode == 0
+    assert done.stdout.strip() == str(gpu)
+
+
+def test_a_device_node_shows_a_gpu(tmp_path: Path) -> None:
+    """/dev/nvidia0 alone (the driver's /proc entry hidden, as in some containers) is a GPU."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    done = bash(f"nvidia_gpu_seen {tmp_path} {_no_smi(tmp_path)}")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"{tmp_path}/dev/nvidia0"
+
+
+def test_a_working_nvidia_smi_shows_a_gpu_and_a_failing_one_does_not(tmp_path: Path) -> None:
+    """nvidia-smi -L listing a GPU counts (its first line is quoted); one that fails or lists nothing does not."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$1" = -L ] && printf "GPU 0: NVIDIA H200 (UUID: GPU-1)\\nGPU 1: NVIDIA H200\\n"\n')
+    smi.chmod(0o755)
+    done = bash(f"nvidia_gpu_seen {tmp_path} {smi}")
+    assert done.returncode == 0
+    assert done.stdout.strip() == "nvidia-smi -L: GPU 0: NVIDIA H200 (UUID: GPU-1)"
+    smi.write_text(
+        "#!/bin/sh\necho 'NVIDIA-SMI has failed because it could not communicate with the driver' >&2\nexit 9\n"
+    )
+    assert bash(f"nvidia_gpu_seen {tmp_path} {smi}").returncode == 1
+    smi.write_text("#!/bin/sh\nexit 0\n")
+    assert bash(f"nvidia_gpu_seen {tmp_path} {smi}").returncode == 1
+
+
+def test_an_nvidia_display_controller_without_its_driver_shows_a_gpu(tmp_path: Path) -> None:
+    """An NVIDIA 3D controller on the PCI bus is a GPU without its driver; Intel graphics or NVIDIA audio is not."""
+    _pci_function(tmp_path, "0000:00:02.0", "0x8086", "0x030000")
+    _pci_function(tmp_path, "0000:17:00.1", "0x10de", "0x040300")
+    assert bash(f"nvidia_gpu_seen {tmp_path} {_no_smi(tmp_path)}").returncode == 1
+    _pci_function(tmp_path, "0000:17:00.0", "0x10de", "0x030200")
+    done = bash(f"nvidia_gpu_seen {tmp_path} {_no_smi(tmp_path)}")
+    assert done.returncode == 0
+    assert done.stdout.strip() == "an NVIDIA display controller at PCI 0000:17:00.0, its driver not loaded"
+
+
+def _environment(**changes: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "CROSSOVER_MONITOR_EXTRA"}
+    return {**env, **changes}
+
+
+def test_run_picks_the_cuda_extra_where_a_gpu_shows_and_says_so_in_one_line(tmp_path: Path) -> None:
+    """With a GPU, run_extra prints 'cuda' and one stderr line naming what it found and the extra."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    done = bash(f"run_extra {tmp_path} {_no_smi(tmp_path)}", env=_environment())
+    assert done.returncode == 0
+    assert done.stdout == "cuda\n"
+    assert done.stderr == (
+        f"scripts/run: NVIDIA GPU found ({tmp_path}/dev/nvidia0): the package with the cuda extra, TensorFlow's CUDA "
+        "libraries (several GB the first time; CROSSOVER_MONITOR_EXTRA= to go without)\n"
+    )
+
+
+def test_run_keeps_the_plain_install_where_no_gpu_shows(tmp_path: Path) -> None:
+    """Without a GPU, run_extra picks no extra (the path as before) and says what it looked for."""
+    done = bash(f"run_extra {tmp_path} {_no_smi(tmp_path)}", env=_environment())
+    assert done.returncode == 0
+    assert done.stdout == "\n"
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("scripts/run: no NVIDIA GPU found (no /proc/driver/nvidia/gpus/*, /dev/nvidia0")
+    assert "without the cuda extra" in done.stderr
+
+
+@pytest.mark.parametrize("chosen", ["", "cuda,plot"])
+def test_an_extra_chosen_in_the_environment_wins_over_detection(tmp_path: Path, chosen: str) -> None:
+    """CROSSOVER_MONITOR_EXTRA, even empty, is taken as it is, GPU or not, and the line says so."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").touch()
+    done = bash(f"run_extra {tmp_path} {_no_smi(tmp_path)}", env=_environment(CROSSOVER_MONITOR_EXTRA=chosen))
+    assert done.stdout == chosen + "\n"
+    assert done.stderr.startswith(f"scripts/run: CROSSOVER_MONITOR_EXTRA='{chosen}' chosen, no GPU detection: ")
+    assert done.stderr.rstrip().endswith("with [cuda,plot]" if chosen else "without extras")
+
+
+def test_a_venv_made_without_the_cuda_extra_gets_it_once_a_gpu_appears(tmp_path: Path) -> None:
+    """Each extra has its own stamp: cuda is installed after a plain install, each once, again on a new pyproject."""
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    calls = tmp_path / "pip-calls"
+    # Stands in for the venv's interpreter: records what pip was asked to install.
+    python.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    python.chmod(0o755)
+
+    def installs(extra: str) -> list[str]:
+        before = calls.read_text().splitlines() if calls.exists() else []
+        done = bash(f"bootstrap_venv '{extra}'", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        after = calls.read_text().splitlines()
+        return [line for line in after[len(before) :] if "--upgrade pip" not in line]
+
+    assert installs("") == ["-m pip install -q -e ."]
+    assert installs("") == []  # a restart needs no package index
+    assert installs("cuda") == ["-m pip install -q -e .[cuda]"]  # the GPU appeared
+    assert installs("cuda") == []
+    os.utime(tmp_path / "pyproject.toml", (1e10, 1e10))  # a changed pyproject.toml, newer than every stamp
+    assert installs("cuda") == ["-m pip install -q -e .[cuda]"]
