@@ -32,10 +32,16 @@ from shared_node import gemm_loop, job_rates  # noqa: E402
 
 
 class MemorySampler(threading.Thread):
-    """The most GPU memory any process other than ``exclude`` held, sampled every 0.1 s through NVML."""
+    """The most GPU memory any process other than ``exclude`` held, sampled through NVML every ``every_s``.
 
-    def __init__(self, exclude: set[int]) -> None:
+    Not free: the 2026-12-01 run sampled every 0.1 s, and TensorFlow's GPU compute at n = 1024 (bound
+    by its dispatch there) read up to 1.30x the peer in that run, against 1.00-1.02 in sweeps without
+    a sampler. Hence once a second, and a peak that may miss a shorter one.
+    """
+
+    def __init__(self, exclude: set[int], every_s: float = 1.0) -> None:
         super().__init__(daemon=True)
+        self._every_s = every_s
         import pynvml  # noqa: PLC0415 - only on the GPU machine
 
         self._nvml = pynvml
@@ -54,7 +60,7 @@ class MemorySampler(threading.Thread):
                 for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
                     if process.pid not in self._exclude and process.usedGpuMemory:
                         self.peak_bytes = max(self.peak_bytes, int(process.usedGpuMemory))
-            self._done.wait(0.1)
+            self._done.wait(self._every_s)
 
     def stop(self) -> int:
         self._done.set()

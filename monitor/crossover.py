@@ -10,13 +10,14 @@ resampling those visits, not the blocks within one.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode, Timing
+from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode, RecentCrossovers, Timing
 from monitor.model import curves as group_curves
 
 BOOTSTRAP_RESAMPLES = 200
@@ -26,6 +27,12 @@ _MIN_FOUND_SHARE = 0.5
 # A win of the GPU below the crossover makes the curves cross twice only when this share of the
 # resamples agree on it: where the curves tie, noise alone makes either one win here and there.
 _CLEAR_WIN_SHARE = 0.95
+# The served interval also covers how far n* moved from sweep to sweep lately: this share of the
+# moves between the latest RECENT_SWEEPS sweeps, once there are _MIN_MOVES of them. A share, not the
+# largest: a real change is one large move, and must not widen the interval that would show it.
+RECENT_SWEEPS = 25
+_MIN_MOVES = 4
+_MOVE_SHARE = 0.9
 # The interval is for where the next sweep's n* lands, not where the true n* is: the next sweep's
 # estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
 _NEXT_SWEEP_WIDENING = math.sqrt(2)
@@ -227,3 +234,52 @@ def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
         ci_lower=interval[0] if interval else None,
         ci_upper=interval[1] if interval else None,
     )
+
+
+_Key = tuple[str, str, str, str, Mode]
+
+
+def _key(c: Crossover | RecentCrossovers) -> _Key:
+    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
+
+
+def with_recent_moves(
+    crossovers: Sequence[Crossover], recent: Sequence[RecentCrossovers], *, fresh_at: float
+) -> tuple[tuple[Crossover, ...], tuple[RecentCrossovers, ...]]:
+    """The crossovers with the intervals of those found in the sweep that ended at ``fresh_at`` widened, and
+    the recent n* with theirs added.
+
+    One sweep's visits show how much its points move within it; between sweeps (fresh processes,
+    the host's day) n* can move further. So each fresh n* serves an interval at least as wide as
+    the move from one sweep to the next that the latest sweeps rarely exceeded (``_MOVE_SHARE`` of
+    them), about the new n*. Crossovers carried over from an earlier sweep stay as they were.
+    """
+    earlier = {_key(r): r.sizes for r in recent}
+    served: list[Crossover] = []
+    kept: dict[_Key, tuple[float, ...]] = {}
+    for crossover in crossovers:
+        sizes = earlier.get(_key(crossover), ())
+        if crossover.derived_at == fresh_at and crossover.state is CrossoverState.FOUND and crossover.size is not None:
+            sizes = (*sizes, crossover.size)[-RECENT_SWEEPS:]
+            served.append(_widened(crossover, sizes))
+        else:
+            served.append(crossover)
+        if sizes:
+            kept[_key(crossover)] = sizes
+    history = tuple(
+        RecentCrossovers(backend=k[0], gpu=k[1], cpu=k[2], dtype=k[3], mode=k[4], sizes=v) for k, v in kept.items()
+    )
+    return tuple(served), history
+
+
+def _widened(c: Crossover, sizes: Sequence[float]) -> Crossover:
+    """``c`` (the latest of ``sizes``) with an interval at least as wide as their moves mostly were."""
+    assert c.size is not None  # noqa: S101 - callers check
+    moves = sorted(abs(math.log(b / a)) for a, b in itertools.pairwise(sizes))
+    if len(moves) < _MIN_MOVES:
+        return c
+    move = moves[math.ceil(_MOVE_SHARE * len(moves)) - 1]
+    low, high = c.size * math.exp(-move), c.size * math.exp(move)
+    lower = low if c.ci_lower is None else min(c.ci_lower, low)
+    upper = high if c.ci_upper is None else max(c.ci_upper, high)
+    return replace(c, ci_lower=lower, ci_upper=upper)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from monitor.model import RecentCrossovers, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class _Served:
     last_outcome: SweepOutcome | None
     sweeps: tuple[tuple[SweepResult, int], ...]
     retries: tuple[tuple[RetryResult, int], ...]
+    recent: tuple[RecentCrossovers, ...] = ()  # absent in files of earlier versions
 
 
 class HistoryUnavailable(Exception):
@@ -155,6 +156,7 @@ class RunHistory:
             last_outcome=_without_snapshot(state.last_outcome),
             sweeps=state.sweeps,
             retries=state.retries,
+            recent=state.recent,
         )
         now = time.time()
         row = _run_row(kind, outcome, now, reason)

@@ -180,6 +180,18 @@ class Crossover:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecentCrossovers:
+    """The n* of one crossover in the latest sweeps that found it, oldest first: how far it moves between sweeps."""
+
+    backend: str
+    gpu: str
+    cpu: str
+    dtype: str
+    mode: Mode
+    sizes: tuple[float, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CostModel:
     """Why small sizes lose: the fixed per-call cost and the rate paid per FLOP on one device."""
 
@@ -321,6 +333,8 @@ class ServiceState:
     # The configuration: whether the latest (re)load took, and when one last did (start-up counts).
     config_loaded: bool | None = None
     config_loaded_at: float | None = None
+    # n* of each crossover in the latest sweeps: the moves between them widen the served interval.
+    recent: tuple[RecentCrossovers, ...] = ()
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

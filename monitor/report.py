@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
-from typing import TextIO
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
-from monitor.codec import to_data
+from monitor.codec import from_data, to_data
 from monitor.history import Run
 from monitor.model import (
     GPU_PROBLEM,
@@ -148,6 +149,18 @@ def _gpu_hardware(h: HardwareContext) -> list[str]:
         count = h.other_processes_max
         parts.append(f"{count} other process{'' if count == 1 else 'es'} at most")
     return parts
+
+
+def read_json(data: Mapping[str, Any]) -> SweepOutcome:
+    """The outcome ``render_json`` wrote (parsed), e.g. recorded sweeps to replay; a DecodeError names what is wrong."""
+    body = copy.deepcopy(dict(data))
+    snapshot = body.get("snapshot")
+    if isinstance(snapshot, dict):
+        snapshot["environment"] = sorted(dict(snapshot.get("environment") or {}).items())
+        for raw in snapshot.get("measurements") or ():
+            if isinstance(raw, dict):
+                raw.pop("flops_per_second", None)
+    return from_data(SweepOutcome, body)
 
 
 def render_json(outcome: SweepOutcome) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from monitor.carry import merge
+from monitor.crossover import with_recent_moves
 from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
 
 
@@ -30,7 +31,7 @@ class StateStore:
             state = self._counted(self._state, outcome.result)
             changes: dict[str, object] = {"last_outcome": outcome}
             if outcome.snapshot is not None:
-                changes["latest"] = merge(state.latest, outcome.snapshot)
+                changes.update(_served(merge(state.latest, outcome.snapshot), state, outcome.snapshot.finished_at))
             if outcome.result is SweepResult.SUCCESS:
                 changes["last_success_at"] = outcome.finished_at
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
@@ -48,7 +49,7 @@ class StateStore:
                 result = RetryResult.MEASURED
             changes: dict[str, object] = {"retries": _bumped(state.retries, result)}
             if snapshot is not None and state.latest is not None:
-                changes["latest"] = merge(state.latest, snapshot, partial=True)
+                changes.update(_served(merge(state.latest, snapshot, partial=True), state, snapshot.finished_at))
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             return result
 
@@ -66,6 +67,12 @@ class StateStore:
     def record_skipped(self) -> None:
         with self._lock:
             self._state = self._counted(self._state, SweepResult.SKIPPED)
+
+
+def _served(snapshot: Snapshot, state: ServiceState, fresh_at: float) -> dict[str, object]:
+    """The snapshot to serve, its fresh crossovers' intervals widened by their recent moves, and those moves."""
+    crossovers, recent = with_recent_moves(snapshot.crossovers, state.recent, fresh_at=fresh_at)
+    return {"latest": dataclasses.replace(snapshot, crossovers=crossovers), "recent": recent}
 
 
 K = TypeVar("K")

@@ -8,8 +8,18 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from monitor.crossover import crossovers, find_crossover
-from monitor.model import CrossoverState, DeviceInfo, Measurement, Mode, PointKey, StopReason, Timing
+from monitor.crossover import RECENT_SWEEPS, crossovers, find_crossover, with_recent_moves
+from monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    PointKey,
+    RecentCrossovers,
+    StopReason,
+    Timing,
+)
 
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
@@ -135,3 +145,70 @@ def test_find_crossover_needs_points() -> None:
     """An empty curve is a programming error, not a state."""
     with pytest.raises(ValueError, match="no points"):
         find_crossover([])
+
+
+def _found(size: float, at: float, interval: tuple[float, float] | None = None) -> Crossover:
+    low, high = interval or (None, None)
+    return Crossover(
+        backend="fake",
+        gpu="/GPU:0",
+        cpu="/CPU:0",
+        dtype="float32",
+        mode="compute",
+        state=CrossoverState.FOUND,
+        size=size,
+        lower=64,
+        upper=128,
+        ci_lower=low,
+        ci_upper=high,
+        derived_at=at,
+    )
+
+
+def _serve(
+    sizes: list[float], interval: tuple[float, float] | None = None
+) -> tuple[Crossover, tuple[RecentCrossovers, ...]]:
+    """Each size served in turn as a fresh sweep's n*; the last one served, and the recent n* after it."""
+    recent: tuple[RecentCrossovers, ...] = ()
+    served = None
+    for at, size in enumerate(sizes):
+        (served,), recent = with_recent_moves([_found(size, float(at), interval)], recent, fresh_at=float(at))
+    assert served is not None
+    return served, recent
+
+
+def test_the_interval_is_widened_to_the_moves_between_recent_sweeps() -> None:
+    """After n* moved by 10% between sweeps, the served interval spans at least 10% either side of the new n*."""
+    served, recent = _serve([100, 110, 100, 110, 100], interval=(98, 102))
+    assert served.ci_lower == pytest.approx(100 / 1.1)
+    assert served.ci_upper == pytest.approx(110)
+    assert recent[0].sizes == (100, 110, 100, 110, 100)
+
+
+def test_too_few_earlier_sweeps_leave_the_interval_as_the_visits_gave_it() -> None:
+    """Three moves are not enough to say how n* moves: the sweep's own interval stands, or none."""
+    served, _ = _serve([100, 130, 100, 130], interval=(98, 102))
+    assert (served.ci_lower, served.ci_upper) == (98, 102)
+    served, _ = _serve([100, 130, 100, 130])
+    assert (served.ci_lower, served.ci_upper) == (None, None)
+    served, _ = _serve([100, 130, 100, 130, 100])  # four moves: an interval from them alone
+    assert served.ci_lower is not None
+    assert served.ci_upper is not None
+
+
+def test_one_real_change_does_not_widen_the_interval_that_shows_it() -> None:
+    """A single jump among the latest moves is left out: the interval after it is as narrow as the steady moves."""
+    steady = [100.0, 102.0] * 12
+    served, recent = _serve([*steady, 200.0, 204.0])
+    assert served.ci_lower == pytest.approx(204 / 1.02)
+    assert served.ci_upper == pytest.approx(204 * 1.02)
+    assert len(recent[0].sizes) == RECENT_SWEEPS
+
+
+def test_carried_crossovers_are_served_as_they_were_and_not_counted_again() -> None:
+    """A crossover from an earlier sweep (a withheld device) keeps its interval and adds no move."""
+    _, recent = _serve([100, 110, 100, 110, 100])
+    carried = _found(100, 4.0, (98, 102))
+    (served,), after = with_recent_moves([carried], recent, fresh_at=5.0)
+    assert served == carried
+    assert after == recent

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from monitor.history import FILE_NAME, HistoryUnavailable, RunHistory, read_recent
-from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.model import RecentCrossovers, ServiceState, SweepOutcome, SweepResult
 from monitor.report import render_history
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
@@ -41,7 +41,10 @@ def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
     history = RunHistory.open(tmp_path, keep_runs=100)
     assert history.restore() is None  # a new history
     assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
-    state = served_after(SUCCESS, FAILED)
+    recent = RecentCrossovers(
+        backend="torch", gpu="cuda:0", cpu="cpu", dtype="float32", mode="compute", sizes=(138.0, 140.5)
+    )
+    state = dataclasses.replace(served_after(SUCCESS, FAILED), recent=(recent,))
     assert history.record("sweep", FAILED, state, "torch")
     history.close()
 
@@ -55,6 +58,7 @@ def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
     assert restored_state.count(SweepResult.SUCCESS) == 1
     assert restored_state.count(SweepResult.FAILED) == 1
     assert restored_state.last_outcome == dataclasses.replace(FAILED, snapshot=None)
+    assert restored_state.recent == (recent,)  # the recent n* that widen the served interval
     newest, oldest = reopened.recent(10)
     assert (newest.result, newest.reason) == ("failed", "the worker exited (status 1)")
     assert oldest.devices == (("cuda:0", "measured", ""),)

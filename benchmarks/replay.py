@@ -1,0 +1,331 @@
+"""Recorded real sweeps replayed over a simulated month: false drift alerts, and how soon a real change fires.
+
+Each simulated sweep is one recorded sweep drawn at random (seeded), given the simulated time,
+its crossovers derived again by the current code (``monitor.crossover``) and laid into the
+service's own state (``monitor.state.StateStore``, which widens the served interval by the moves
+of recent sweeps), so what is replayed is what the service would serve. The served crossover series
+(``matmul_crossover_size`` and its interval) go, one value per sweep at the default 15-minute
+schedule, into ``promtool test rules`` with the project's real rules
+(``deploy/prometheus/rules.yml``); promtool's own ALERTS series says when ``MatmulCrossoverDrift``
+started firing.
+
+With ``--planted``, sweeps from ``--plant-day`` on are drawn from the planted-change sweeps instead:
+the delay until the alert fires, in sweeps, is what a user waits. Also reported: how often the
+next sweep's n* lands inside the interval served after the previous one.
+
+    python benchmarks/replay.py --idle benchmarks/results/gpu-proof-tensorflow-h200-2026-12-01.jsonl \\
+        --planted benchmarks/results/gpu-proof-torch-planted-busy-h200-2026-12-01.jsonl:planted-2threads \\
+        --months 10 --out benchmarks/results/replay-tensorflow.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import itertools
+import json
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from monitor.crossover import crossovers  # noqa: E402
+from monitor.model import Crossover, CrossoverState, SweepOutcome  # noqa: E402
+from monitor.report import read_json  # noqa: E402
+from monitor.state import StateStore  # noqa: E402
+
+RULES = REPO / "deploy" / "prometheus" / "rules.yml"
+SWEEP_S = 900  # the default schedule
+SAMPLE_S = 300  # Prometheus samples every 5 minutes here: three per sweep
+ALERT = "MatmulCrossoverDrift"
+START = 1_800_000_000.0  # the simulated month's first sweep (any fixed time will do)
+
+Key = tuple[str, str, str, str, str]  # backend, gpu, cpu, dtype, mode
+Served = dict[Key, tuple[float, float | None, float | None]]  # n*, interval, for each crossover found
+
+
+def load(specs: Iterable[str]) -> list[SweepOutcome]:
+    """Sweeps from ``once --json`` files, or from gpu_proof.py JSON lines (``PATH:LABEL`` picks a label)."""
+    found: list[SweepOutcome] = []
+    for spec in specs:
+        path, _, label = spec.partition(":")
+        text = Path(path).read_text(encoding="utf-8")
+        if path.endswith(".jsonl"):
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            found += [read_json(r["once"]) for r in rows if "once" in r and r.get("label") == (label or "idle")]
+        else:
+            found.append(read_json(json.loads(text)))
+    return found
+
+
+@functools.cache
+def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
+    """The sweep's crossovers as the current code derives them (the same every time: its resampling is seeded)."""
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    fresh = crossovers(snapshot.devices, snapshot.measurements)
+    return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD))
+
+
+def at(outcome: SweepOutcome, started: float) -> SweepOutcome:
+    """The recorded sweep as if it ran at ``started``, its crossovers derived again by the current code."""
+    snapshot = outcome.snapshot
+    assert snapshot is not None  # recorded sweeps completed
+    finished = started + (outcome.finished_at - outcome.started_at)
+    derived = tuple(dataclasses.replace(c, derived_at=finished) for c in _derived(outcome))
+    moved = dataclasses.replace(snapshot, started_at=started, finished_at=finished, crossovers=derived, measured_at=())
+    return dataclasses.replace(outcome, started_at=started, finished_at=finished, snapshot=moved)
+
+
+def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
+    """A planted change with a known answer: every size times ``factor``, so the curves, noise and all,
+    move along log n and every n* moves by exactly that factor (sizes rounded to integers)."""
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    moved = [
+        dataclasses.replace(m, key=dataclasses.replace(m.key, size=max(1, round(m.key.size * factor))))
+        for m in snapshot.measurements
+    ]
+    return dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, measurements=tuple(moved)))
+
+
+def _key(c: Crossover) -> Key:
+    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
+
+
+def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False) -> list[Served]:
+    """What the service serves after each of the sweeps, run one every 15 minutes from START.
+
+    ``as_recorded``: the crossovers each sweep published when it ran, as they were (the code of then).
+    """
+    store = StateStore()
+    served: list[Served] = []
+    for index, outcome in enumerate(drawn):
+        if as_recorded:
+            latest = outcome.snapshot
+        else:
+            store.record(at(outcome, START + index * SWEEP_S))
+            latest = store.read().latest
+        found = [] if latest is None else [c for c in latest.crossovers if c.state is CrossoverState.FOUND]
+        served.append({_key(c): (c.size, c.ci_lower, c.ci_upper) for c in found if c.size is not None})
+    return served
+
+
+def draw(
+    idle: Sequence[SweepOutcome], planted: Sequence[SweepOutcome], sweeps: int, plant_at: int | None, seed: int
+) -> list[SweepOutcome]:
+    rng = random.Random(seed)
+    return [rng.choice(planted if plant_at is not None and i >= plant_at else idle) for i in range(sweeps)]
+
+
+def coverage(served: Sequence[Served], mode: str) -> tuple[int, int]:
+    """(pairs whose next n* lands inside the interval served before it, pairs with an interval), for one mode."""
+    inside = pairs = 0
+    for before, after in itertools.pairwise(served):
+        for key, (_, low, high) in before.items():
+            if key[4] == mode and key in after and low is not None and high is not None:
+                pairs += 1
+                inside += low <= after[key][0] <= high
+    return inside, pairs
+
+
+def _values(samples: Sequence[float | None]) -> str:
+    return " ".join("_x2" if v is None else f"{v:.6g}x2" for v in samples)
+
+
+def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path = RULES) -> str:
+    """A promtool test file: every run's served series (instance = run name), and ALERTS queried at the end."""
+    series = []
+    for instance, served in runs.items():
+        keys = sorted({k for s in served for k in s})
+        for backend, gpu, cpu, dtype, mode in keys:
+            labels = (
+                f'job="crossover-monitor",instance="{instance}",backend="{backend}",gpu="{gpu}",cpu="{cpu}",'
+                f'dtype="{dtype}",mode="{mode}"'
+            )
+            columns = list(
+                zip(*[s.get((backend, gpu, cpu, dtype, mode), (None, None, None)) for s in served], strict=True)
+            )
+            for name, column in zip(("size", "ci_lower_size", "ci_upper_size"), columns, strict=True):
+                series.append({"series": f"matmul_crossover_{name}{{{labels}}}", "values": _values(column)})
+    sweeps = max(len(s) for s in runs.values())
+    end = sweeps * SWEEP_S
+    onset = f'(ALERTS{{alertname="{ALERT}",alertstate="firing"}} unless ALERTS{{alertname="{ALERT}",alertstate="firing"}} offset 5m)'
+    # Each answer carries a label "q" naming its question, so that promtool's report can be read back.
+    questions = {
+        "count": f"count_over_time({onset}[{end}s:5m])",
+        "first": f"min_over_time(timestamp({onset})[{end}s:5m])",
+    }
+    if plant_at is not None:
+        questions["after"] = f"min_over_time(timestamp({onset})[{end - plant_at * SWEEP_S}s:5m])"
+    tests = [
+        {"expr": f'label_replace({expr}, "q", "{name}", "", "")', "eval_time": f"{end}s", "exp_samples": []}
+        for name, expr in questions.items()
+    ]
+    document = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "5m",
+        "tests": [{"interval": "5m", "input_series": series, "promql_expr_test": tests}],
+    }
+    return json.dumps(document)  # JSON is YAML
+
+
+_GOT = re.compile(r"\{([^{}]*)\} ([-+0-9.eE]+)")
+
+
+def run_promtool(text: str) -> dict[str, dict[tuple[str, str], float]]:
+    """For each question of the test file, {(instance, mode): value} read from what promtool says it got."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise SystemExit("promtool is not installed: scripts/test installs it with Debian's prometheus package")
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as handle:
+        handle.write(text)
+    try:
+        done = subprocess.run(
+            [promtool, "test", "rules", handle.name], capture_output=True, text=True, check=False, timeout=3600
+        )
+    finally:
+        Path(handle.name).unlink()
+    report = done.stdout + done.stderr
+    if "SUCCESS" not in report and "FAILED:" not in report:
+        raise SystemExit(f"promtool could not run the replay: {report[-3000:]}")
+    answers: dict[str, dict[tuple[str, str], float]] = {"count": {}, "first": {}, "after": {}}
+    for labels, value in _GOT.findall(report):
+        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if pairs.get("q") in answers:
+            answers[pairs["q"]][(pairs.get("instance", ""), pairs.get("mode", ""))] = float(value)
+    return answers
+
+
+def replay(
+    idle: Sequence[SweepOutcome],
+    planted: Sequence[SweepOutcome],
+    *,
+    runs: int,
+    days: float,
+    plant_day: float | None,
+    seed: int = 0,
+    rules: Path = RULES,
+    as_recorded: bool = False,
+) -> dict[str, Any]:
+    """``runs`` simulated periods of ``days``: onsets of the drift alert per run and mode, delays, coverage."""
+    sweeps = round(days * 86400 / SWEEP_S)
+    plant_at = None if plant_day is None or not planted else round(plant_day * 86400 / SWEEP_S)
+    served = {
+        f"run-{r}": served_sequence(draw(idle, planted, sweeps, plant_at, seed + r), as_recorded=as_recorded)
+        for r in range(runs)
+    }
+    answers = run_promtool(rule_test(served, plant_at, rules))
+    count, first, after = answers["count"], answers["first"], answers["after"]
+    modes = sorted({k[4] for s in served.values() for sweep in s for k in sweep})
+    widths = {
+        mode: statistics.median(
+            v[2] / v[1]
+            for s in served.values()
+            for sweep in s
+            for k, v in sweep.items()
+            if k[4] == mode and v[1] and v[2]
+        )
+        for mode in modes
+    }
+    result: dict[str, Any] = {
+        "runs": runs,
+        "days": days,
+        "sweeps_per_run": sweeps,
+        "plant_day": plant_day,
+        "idle_sweeps": len(idle),
+        "planted_sweeps": len(planted),
+        "coverage": {
+            mode: [sum(x) for x in zip(*(coverage(s[:plant_at], mode) for s in served.values()), strict=True)]
+            for mode in modes
+        },  # [next n* inside the interval served before it, pairs], idle sweeps only
+        "interval_width_median": widths,  # upper / lower of the served interval
+        "per_mode": {},
+    }
+    for mode in modes:
+        row: dict[str, Any] = {"onsets": [], "false_onsets": [], "delay_sweeps": []}
+        for r in range(runs):
+            name = f"run-{r}"
+            onsets = int(count.get((name, mode), 0))
+            row["onsets"].append(onsets)
+            if plant_at is None:
+                row["false_onsets"].append(onsets)
+                continue
+            first_any = first.get((name, mode))
+            first_after = after.get((name, mode))
+            early = first_any is not None and first_any < plant_at * SWEEP_S
+            row["false_onsets"].append(int(early))
+            row["delay_sweeps"].append(None if first_after is None else (first_after - plant_at * SWEEP_S) / SWEEP_S)
+        result["per_mode"][mode] = row
+    result["served_n"] = {
+        mode: sorted(round(v[0]) for s in served.values() for sweep in s for k, v in sweep.items() if k[4] == mode)[
+            :: max(1, sweeps // 20)
+        ]
+        for mode in modes
+    }
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--idle", nargs="+", required=True, help="recorded idle sweeps (PATH or PATH.jsonl[:LABEL])")
+    parser.add_argument("--planted", nargs="*", default=[], help="recorded planted-change sweeps")
+    parser.add_argument("--months", type=int, default=10, help="simulated runs of --days each")
+    parser.add_argument("--days", type=float, default=30.0)
+    parser.add_argument("--plant-day", type=float, default=20.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--shift", type=float, nargs="*", default=[], help="also plant the idle sweeps with every size times this"
+    )
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--rules", type=Path, default=RULES, help="the rules file (e.g. an earlier release's)")
+    parser.add_argument(
+        "--as-recorded", action="store_true", help="serve the crossovers the sweeps published, not today's code's"
+    )
+    args = parser.parse_args()
+    idle, planted = load(args.idle), load(args.planted)
+    common: dict[str, Any] = {
+        "runs": args.months,
+        "days": args.days,
+        "rules": args.rules.resolve(),
+        "as_recorded": args.as_recorded,
+    }
+    report: dict[str, Any] = {"idle": replay(idle, [], plant_day=None, seed=args.seed, **common)}
+    if planted:
+        report["planted"] = replay(idle, planted, plant_day=args.plant_day, seed=args.seed + 1000, **common)
+    for factor in args.shift:
+        moved = [shifted(o, factor) for o in idle]
+        report[f"shift-{factor:g}"] = replay(idle, moved, plant_day=args.plant_day, seed=args.seed + 2000, **common)
+    report["inputs"] = {
+        "idle": args.idle,
+        "planted": args.planted,
+        "shift": args.shift,
+        "rules": str(args.rules),
+        "as_recorded": args.as_recorded,
+    }
+    text = json.dumps(report, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n", encoding="utf-8")
+    for phase, body in report.items():
+        if phase == "inputs":
+            continue
+        print(f"{phase}: {body['runs']} runs of {body['days']:g} days")
+        for mode, (inside, pairs) in body["coverage"].items():
+            width = body["interval_width_median"][mode]
+            print(f"  {mode}: next n* inside the served interval {inside}/{pairs}, its width (upper/lower) {width:.2f}")
+        for mode, row in body["per_mode"].items():
+            print(f"  {mode}: false onsets {row['false_onsets']} delays (sweeps) {row['delay_sweeps']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Recorded real H200 sweeps replayed through the crossover code, the service's state and the real drift rule.
+
+The sweeps are the shared fixtures (a copy of ../shared/data, main at 248202e: one visit a size) and this
+project's own of the current code (benchmarks/results, 2026-12-01); promtool evaluates the real
+rules over the simulated days. Longer runs, and their figures, are benchmarks/replay.py's.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.conftest import REPO, tool
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import replay
+
+RESULTS = REPO / "benchmarks" / "results"
+SHARED = REPO / "tests" / "fixtures" / "h200-2026-12-01"  # a copy of ../shared/data/h200-2026-12-01
+TENSORFLOW = RESULTS / "gpu-proof-tensorflow-h200-2026-12-01.jsonl"
+TORCH = RESULTS / "gpu-proof-torch-planted-busy-h200-2026-12-01.jsonl"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _promtool() -> None:
+    tool("promtool", "prometheus")
+
+
+def test_tensorflow_sweeps_raise_no_false_alert_and_the_planted_change_fires_where_it_moved_n() -> None:
+    """Four idle days: no alert; two CPU threads (end_to_end n* halves, compute stays) fires end_to_end only."""
+    idle = replay.load([str(TENSORFLOW)])
+    planted = replay.load([f"{TORCH}:planted-2threads"])
+    assert len(idle) == 8
+    assert len(planted) == 2
+    found = replay.replay(idle, planted, runs=2, days=4, plant_day=3)
+    compute, end_to_end = found["per_mode"]["compute"], found["per_mode"]["end_to_end"]
+    assert compute["false_onsets"] == [0, 0]
+    assert end_to_end["false_onsets"] == [0, 0]
+    assert compute["delay_sweeps"] == [None, None]  # n* did not move: nothing to say
+    assert all(d is not None and d <= 8 for d in end_to_end["delay_sweeps"]), end_to_end
+    for inside, pairs in found["coverage"].values():
+        assert inside >= 0.9 * pairs
+
+
+def test_torch_sweeps_raise_no_false_alert_and_launch_blocking_fires_compute_only() -> None:
+    """Four idle days: no alert; CUDA_LAUNCH_BLOCKING=1 (compute n* +70%, end_to_end stays) fires compute only."""
+    idle = replay.load([str(TORCH)])
+    planted = replay.load([f"{TORCH}:planted-launch-blocking"])
+    found = replay.replay(idle, planted, runs=2, days=4, plant_day=3)
+    compute, end_to_end = found["per_mode"]["compute"], found["per_mode"]["end_to_end"]
+    assert compute["false_onsets"] == [0, 0]
+    assert end_to_end["false_onsets"] == [0, 0]
+    assert all(d is not None and d <= 8 for d in compute["delay_sweeps"]), compute
+    assert end_to_end["delay_sweeps"] == [None, None]
+
+
+def test_a_move_of_thirty_percent_fires_within_eight_sweeps_both_ways() -> None:
+    """The idle TensorFlow sweeps with every size times 1.3 (or 0.77): every n* moves 30%, and both modes fire."""
+    idle = replay.load([str(TENSORFLOW)])
+    for factor in (1.3, 1 / 1.3):
+        moved = [replay.shifted(o, factor) for o in idle]
+        found = replay.replay(idle, moved, runs=1, days=3, plant_day=2, seed=7)
+        for mode, row in found["per_mode"].items():
+            assert row["false_onsets"] == [0], (factor, mode)
+            assert row["delay_sweeps"][0] is not None, (factor, mode)
+            assert row["delay_sweeps"][0] <= 8, (factor, mode, row)
+
+
+def test_the_shared_fixtures_replayed_through_todays_code_raise_no_false_alert() -> None:
+    """The shared H200 sweeps (one visit a size, n* 53 to 162) replayed for four days: no drift alert."""
+    tensorflow = replay.load([str(SHARED / "tensorflow-idle-1.json"), str(SHARED / "tensorflow-idle-2.json")])
+    torch = replay.load([str(SHARED / "torch-idle-1.json")])
+    for sweeps in (tensorflow, torch):
+        found = replay.replay(sweeps, [], runs=2, days=4, plant_day=None)
+        for mode, row in found["per_mode"].items():
+            assert row["false_onsets"] == [0, 0], (mode, row)
