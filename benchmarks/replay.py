@@ -39,6 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from monitor import crossover as crossover_module  # noqa: E402
 from monitor.crossover import crossovers  # noqa: E402
 from monitor.model import Crossover, CrossoverState, SweepOutcome  # noqa: E402
 from monitor.report import read_json  # noqa: E402
@@ -290,9 +291,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rules", type=Path, default=RULES, help="the rules file (e.g. an earlier release's)")
     parser.add_argument(
+        "--move-share", type=float, help="an experiment: the share of recent moves the served interval covers"
+    )
+    parser.add_argument(
         "--as-recorded", action="store_true", help="serve the crossovers the sweeps published, not today's code's"
     )
     args = parser.parse_args()
+    if args.move_share is not None:
+        crossover_module._MOVE_SHARE = args.move_share  # noqa: SLF001 - an experiment on the constant, not a setting
     idle, planted = load(args.idle), load(args.planted)
     common: dict[str, Any] = {
         "runs": args.months,
