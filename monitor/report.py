@@ -18,6 +18,7 @@ from monitor.model import (
     DeviceInfo,
     HardwareContext,
     Measurement,
+    PointKey,
     SweepOutcome,
     curves,
 )
@@ -210,17 +211,17 @@ class Progress:
         sizes = len(plan.sizes) + (0 if 1 in plan.sizes else 1)  # the n=1 probe when 1 is not configured
         self._per_device = sizes * len(plan.dtypes) * len(plan.modes)
         self._devices = 0
-        self._done = 0
+        self._done: set[PointKey] = set()  # a point timed again (refinement's visits) counts once
         self._stream = stream
 
     def __call__(self, message: Message) -> None:
         if isinstance(message, DeviceInfo):
             self._devices += 1
         elif isinstance(message, Measurement) and message.role != "refine":
-            self._done += 1
+            self._done.add(message.key)
         elif isinstance(message, Started):
             k = message.key
-            where = "refining" if message.role == "refine" else f"{self._done}/{self._devices * self._per_device}"
+            where = "refining" if message.role == "refine" else f"{len(self._done)}/{self._devices * self._per_device}"
             self._write(f"[{where}] timing {k.device} n={k.size} {k.dtype} {k.mode}")
 
     def _write(self, text: str) -> None:
