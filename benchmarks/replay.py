@@ -55,8 +55,12 @@ Key = tuple[str, str, str, str, str]  # backend, gpu, cpu, dtype, mode
 Served = dict[Key, tuple[float, float | None, float | None]]  # n*, interval, for each crossover found
 
 
-def load(specs: Iterable[str]) -> list[SweepOutcome]:
-    """Sweeps from ``once --json`` files, or from gpu_proof.py JSON lines (``PATH:LABEL`` picks a label)."""
+def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutcome]:
+    """Sweeps from ``once --json`` files, or from gpu_proof.py JSON lines (``PATH:LABEL`` picks a label).
+
+    Sweeps that withheld a device are left out unless ``keep_withheld``: the service serves the
+    previous crossover again after them, which would flatter both the coverage and the false alerts.
+    """
     found: list[SweepOutcome] = []
     for spec in specs:
         path, _, label = spec.partition(":")
@@ -66,7 +70,7 @@ def load(specs: Iterable[str]) -> list[SweepOutcome]:
             found += [read_json(r["once"]) for r in rows if "once" in r and r.get("label") == (label or "idle")]
         else:
             found.append(read_json(json.loads(text)))
-    return found
+    return [o for o in found if keep_withheld or (o.snapshot is not None and not o.snapshot.withheld)]
 
 
 @functools.cache
@@ -130,18 +134,22 @@ def draw(
 
 
 def coverage(served: Sequence[Served], mode: str) -> tuple[int, int]:
-    """(pairs whose next n* lands inside the interval served before it, pairs with an interval), for one mode."""
+    """(pairs whose next n* lands inside the interval served before it, pairs with an interval), for one mode.
+
+    Only pairs whose next n* is a fresh one: a crossover carried over unchanged would land inside by itself.
+    """
     inside = pairs = 0
     for before, after in itertools.pairwise(served):
-        for key, (_, low, high) in before.items():
-            if key[4] == mode and key in after and low is not None and high is not None:
+        for key, (size, low, high) in before.items():
+            fresh = key in after and after[key][0] != size
+            if key[4] == mode and fresh and low is not None and high is not None:
                 pairs += 1
                 inside += low <= after[key][0] <= high
     return inside, pairs
 
 
 def _values(samples: Sequence[float | None]) -> str:
-    return " ".join("_x2" if v is None else f"{v:.6g}x2" for v in samples)
+    return " ".join("_x3" if v is None else f"{v:.6g}x2" for v in samples)  # three samples each: "_x3", "vx2"
 
 
 def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path = RULES) -> str:
@@ -290,6 +298,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rules", type=Path, default=RULES, help="the rules file (e.g. an earlier release's)")
+    parser.add_argument("--keep-withheld", action="store_true", help="draw sweeps that withheld a device too")
     parser.add_argument(
         "--move-share", type=float, help="an experiment: the share of recent moves the served interval covers"
     )
@@ -299,7 +308,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.move_share is not None:
         crossover_module._MOVE_SHARE = args.move_share  # noqa: SLF001 - an experiment on the constant, not a setting
-    idle, planted = load(args.idle), load(args.planted)
+    idle, planted = (
+        load(args.idle, keep_withheld=args.keep_withheld),
+        load(args.planted, keep_withheld=args.keep_withheld),
+    )
     common: dict[str, Any] = {
         "runs": args.months,
         "days": args.days,
@@ -318,6 +330,7 @@ def main() -> None:
         "shift": args.shift,
         "rules": str(args.rules),
         "as_recorded": args.as_recorded,
+        "keep_withheld": args.keep_withheld,
     }
     text = json.dumps(report, indent=1)
     if args.out:

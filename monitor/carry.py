@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from monitor.model import Crossover, CrossoverState, Snapshot, canonical_device
-
-
-def _key(c: Crossover) -> tuple[str, str, str, str, str]:
-    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
+from monitor.model import CrossoverState, Snapshot, canonical_device
 
 
 def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) -> Snapshot:
@@ -32,10 +28,9 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
     previous_at = dict(previous.measured_at)
     measured_at.update({d: previous_at[d] for d in carried if d in previous_at})
 
-    previous_crossovers = {_key(c): c for c in previous.crossovers}
+    previous_crossovers = {c.key: c for c in previous.crossovers}
     crossovers = {
-        _key(c): previous_crossovers.get(_key(c), c) if c.state is CrossoverState.WITHHELD else c
-        for c in new.crossovers
+        c.key: previous_crossovers.get(c.key, c) if c.state is CrossoverState.WITHHELD else c for c in new.crossovers
     }
     if partial:
         crossovers = {

@@ -28,10 +28,10 @@ _MIN_FOUND_SHARE = 0.5
 # resamples agree on it: where the curves tie, noise alone makes either one win here and there.
 _CLEAR_WIN_SHARE = 0.95
 # The served interval also covers how far n* moved from sweep to sweep lately: this share of the
-# moves between the latest RECENT_SWEEPS sweeps (95%, as the interval is), once there are _MIN_MOVES
-# of them. A share, not the largest: a real change is one large move, and must not widen the
-# interval that would show it. (90% let one of 8 PyTorch idle sweeps, +21%, fire a false alert in
-# 10 simulated months: benchmarks/replay.py.)
+# moves between the latest RECENT_SWEEPS sweeps before it (95%, as the interval is), once there are
+# _MIN_MOVES of them, and never their largest: a real change is one large move, and must not widen
+# the interval that would show it. (90% let one of 8 PyTorch idle sweeps, +21%, fire a false alert
+# in 10 simulated months: benchmarks/replay.py.)
 RECENT_SWEEPS = 25
 _MIN_MOVES = 4
 _MOVE_SHARE = 0.95
@@ -63,7 +63,7 @@ class Located:
     interval: tuple[float, float] | None = None  # where the next sweep's n* lands (95%), when visits show it
 
 
-def _last_crossing(points: Sequence[tuple[int, float]]) -> tuple[CrossoverState, float | None, int | None, int | None]:
+def last_crossing(points: Sequence[tuple[int, float]]) -> tuple[CrossoverState, float | None, int | None, int | None]:
     """The smallest size from which the GPU is faster at every larger size, from sorted (size, log speed-up).
 
     Interpolated where the log speed-up crosses zero, linear in log n, between the two bracketing
@@ -96,7 +96,7 @@ def locate(points: Sequence[SpeedupPoint], *, resamples: int = BOOTSTRAP_RESAMPL
     if not points:
         raise ValueError("no points to compare")
     points = sorted(points, key=lambda p: p.size)
-    state, size, lower, upper = _last_crossing([(p.size, p.median) for p in points])
+    state, size, lower, upper = last_crossing([(p.size, p.median) for p in points])
     below = lower if lower is not None else math.inf
     always = state is CrossoverState.GPU_ALWAYS_FASTER
     wins = [i for i, p in enumerate(points) if p.size < below and p.median > 0 and not always]
@@ -111,7 +111,7 @@ def locate(points: Sequence[SpeedupPoint], *, resamples: int = BOOTSTRAP_RESAMPL
             medians[i] = statistics.median(rng.choices(ratios, k=len(ratios))) + rng.gauss(0, smoothing)
         for i in wins:
             win_counts[i] += medians[i] > 0
-        resampled = _last_crossing([(p.size, r) for p, r in zip(points, medians, strict=True)])
+        resampled = last_crossing([(p.size, r) for p, r in zip(points, medians, strict=True)])
         if resampled[0] is CrossoverState.FOUND and resampled[1] is not None:
             found.append(resampled[1])
     clear = [i for i in wins if len(points[i].log_ratios) == 1 or win_counts[i] >= _CLEAR_WIN_SHARE * resamples]
@@ -166,9 +166,13 @@ def find_crossover(
 
 
 def speedup_point(size: int, cpu: Timing, gpu: Timing) -> SpeedupPoint:
-    """The paired visits of one size: the k-th visits of the CPU and the GPU were timed together."""
-    if cpu.visits_s and gpu.visits_s:
-        pairs = zip(cpu.visits_s, gpu.visits_s, strict=False)
+    """The paired visits of one size: the k-th visits of the CPU and the GPU were timed together.
+
+    Visits are paired only when both have as many (the runner keeps a size's rounds whole); else
+    the point counts as timed once, at its medians.
+    """
+    if cpu.visits_s and len(cpu.visits_s) == len(gpu.visits_s):
+        pairs = zip(cpu.visits_s, gpu.visits_s, strict=True)
         return SpeedupPoint(size, tuple(math.log(c / g) for c, g in pairs))
     return SpeedupPoint(size, (math.log(cpu.median_s / gpu.median_s),))
 
@@ -238,13 +242,6 @@ def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
     )
 
 
-_Key = tuple[str, str, str, str, Mode]
-
-
-def _key(c: Crossover | RecentCrossovers) -> _Key:
-    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
-
-
 def with_recent_moves(
     crossovers: Sequence[Crossover], recent: Sequence[RecentCrossovers], *, fresh_at: float
 ) -> tuple[tuple[Crossover, ...], tuple[RecentCrossovers, ...]]:
@@ -253,34 +250,33 @@ def with_recent_moves(
 
     One sweep's visits show how much its points move within it; between sweeps (fresh processes,
     the host's day) n* can move further. So each fresh n* serves an interval at least as wide as
-    the move from one sweep to the next that the latest sweeps rarely exceeded (``_MOVE_SHARE`` of
-    them), about the new n*. Crossovers carried over from an earlier sweep stay as they were.
+    the move from one sweep to the next that the sweeps before it rarely exceeded (``_MOVE_SHARE``
+    of them, never the largest), about the new n*. Crossovers carried over from an earlier sweep
+    stay as they were; the recent n* of a crossover missing from this sweep (a device that failed
+    once) are kept for when it is back.
     """
-    earlier = {_key(r): r.sizes for r in recent}
+    kept = {r.key: r.sizes for r in recent}
     served: list[Crossover] = []
-    kept: dict[_Key, tuple[float, ...]] = {}
     for crossover in crossovers:
-        sizes = earlier.get(_key(crossover), ())
         if crossover.derived_at == fresh_at and crossover.state is CrossoverState.FOUND and crossover.size is not None:
-            sizes = (*sizes, crossover.size)[-RECENT_SWEEPS:]
-            served.append(_widened(crossover, sizes))
+            earlier = kept.get(crossover.key, ())
+            served.append(_widened(crossover, earlier))
+            kept[crossover.key] = (*earlier, crossover.size)[-RECENT_SWEEPS:]
         else:
             served.append(crossover)
-        if sizes:
-            kept[_key(crossover)] = sizes
     history = tuple(
         RecentCrossovers(backend=k[0], gpu=k[1], cpu=k[2], dtype=k[3], mode=k[4], sizes=v) for k, v in kept.items()
     )
     return tuple(served), history
 
 
-def _widened(c: Crossover, sizes: Sequence[float]) -> Crossover:
-    """``c`` (the latest of ``sizes``) with an interval at least as wide as their moves mostly were."""
+def _widened(c: Crossover, earlier: Sequence[float]) -> Crossover:
+    """``c`` with an interval at least as wide as the moves between the ``earlier`` n* mostly were."""
     assert c.size is not None  # noqa: S101 - callers check
-    moves = sorted(abs(math.log(b / a)) for a, b in itertools.pairwise(sizes))
+    moves = sorted(abs(math.log(b / a)) for a, b in itertools.pairwise(earlier))
     if len(moves) < _MIN_MOVES:
         return c
-    move = moves[math.ceil(_MOVE_SHARE * len(moves)) - 1]
+    move = moves[min(math.ceil(_MOVE_SHARE * len(moves)), len(moves) - 1) - 1]
     low, high = c.size * math.exp(-move), c.size * math.exp(move)
     lower = low if c.ci_lower is None else min(c.ci_lower, low)
     upper = high if c.ci_upper is None else max(c.ci_upper, high)

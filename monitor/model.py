@@ -159,6 +159,9 @@ def curves(measurements: Iterable[Measurement], *, roles: Collection[Role] = ("s
     return found
 
 
+CrossoverKey = tuple[str, str, str, str, Mode]  # backend, gpu, cpu, dtype, mode
+
+
 @dataclass(frozen=True, kw_only=True)
 class Crossover:
     """The crossover of one GPU against one CPU, for one dtype and mode."""
@@ -178,6 +181,11 @@ class Crossover:
     ci_upper: float | None = None
     derived_at: float | None = None  # when the sweep it comes from ended (older than the latest while carried)
 
+    @property
+    def key(self) -> CrossoverKey:
+        """What the crossover is of: the same key in the next sweep is the same series."""
+        return (self.backend, self.gpu, self.cpu, self.dtype, self.mode)
+
 
 @dataclass(frozen=True, kw_only=True)
 class RecentCrossovers:
@@ -189,6 +197,10 @@ class RecentCrossovers:
     dtype: str
     mode: Mode
     sizes: tuple[float, ...]
+
+    @property
+    def key(self) -> CrossoverKey:
+        return (self.backend, self.gpu, self.cpu, self.dtype, self.mode)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -57,7 +57,10 @@ def _crossover_line(c: Crossover) -> str:
     if c.state is CrossoverState.FOUND and c.size is not None:
         line = head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g}"
         if c.ci_lower is not None and c.ci_upper is not None:
-            line += f"; the next sweep's n* should land in {c.ci_lower:.0f} to {c.ci_upper:.0f} (95%)"
+            line += (
+                f"; from this sweep's visits, the next sweep's n* should land in {c.ci_lower:.0f} to "
+                f"{c.ci_upper:.0f} (95%; the service widens this by the moves of recent sweeps)"
+            )
         return line + ")"
     text = {
         CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",

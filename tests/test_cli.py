@@ -52,7 +52,7 @@ def test_once_prints_tables_with_speedup_and_crossover(tmp_path: Path) -> None:
     assert "/GPU:0 (Fake GPU)  float32  compute" in out
     assert "GPU speed-up" in out
     assert "GPU faster from n ≈" in out
-    interval = r"; the next sweep's n\* should land in \d+ to \d+ \(95%\)"
+    interval = r"; from this sweep's visits, the next sweep's n\* should land in \d+ to \d+ \(95%"
     assert re.search(r"between measured sizes (3[2-9]|4\d) and (4\d|5\d|6[0-4])" + interval, out), out
     assert re.search(r"^ +4\d .*\(refine\)  \d visits$", out, re.MULTILINE), out  # sizes around n* timed in visits
     assert "fixed cost" in out

@@ -178,31 +178,35 @@ def _serve(
 
 
 def test_the_interval_is_widened_to_the_moves_between_recent_sweeps() -> None:
-    """After n* moved by 10% between sweeps, the served interval spans at least 10% either side of the new n*."""
-    served, recent = _serve([100, 110, 100, 110, 100], interval=(98, 102))
-    assert served.ci_lower == pytest.approx(100 / 1.1)
-    assert served.ci_upper == pytest.approx(110)
-    assert recent[0].sizes == (100, 110, 100, 110, 100)
+    """After n* moved by 10% between earlier sweeps, the served interval spans 10% either side of the new n*."""
+    served, recent = _serve([100, 110, 100, 110, 100, 110], interval=(108, 112))
+    assert served.ci_lower == pytest.approx(100)
+    assert served.ci_upper == pytest.approx(121)
+    assert recent[0].sizes == (100, 110, 100, 110, 100, 110)
 
 
 def test_too_few_earlier_sweeps_leave_the_interval_as_the_visits_gave_it() -> None:
-    """Three moves are not enough to say how n* moves: the sweep's own interval stands, or none."""
-    served, _ = _serve([100, 130, 100, 130], interval=(98, 102))
+    """Three earlier moves are not enough to say how n* moves: the sweep's own interval stands, or none."""
+    served, _ = _serve([100, 130, 100, 130, 100], interval=(98, 102))
     assert (served.ci_lower, served.ci_upper) == (98, 102)
-    served, _ = _serve([100, 130, 100, 130])
+    served, _ = _serve([100, 130, 100, 130, 100])
     assert (served.ci_lower, served.ci_upper) == (None, None)
-    served, _ = _serve([100, 130, 100, 130, 100])  # four moves: an interval from them alone
+    served, _ = _serve([100, 130, 100, 130, 100, 130])  # four earlier moves: an interval from them alone
     assert served.ci_lower is not None
     assert served.ci_upper is not None
 
 
 def test_one_real_change_does_not_widen_the_interval_that_shows_it() -> None:
-    """A single jump among the latest moves is left out: the interval after it is as narrow as the steady moves."""
+    """The jump to a new level is left out: the sweeps at it serve intervals as narrow as the steady moves."""
     steady = [100.0, 102.0] * 12
-    served, recent = _serve([*steady, 200.0, 204.0])
-    assert served.ci_lower == pytest.approx(204 / 1.02)
-    assert served.ci_upper == pytest.approx(204 * 1.02)
+    jumped, _ = _serve([*steady, 200.0])
+    assert jumped.ci_lower == pytest.approx(200 / 1.02)  # its own move is not counted
+    after, recent = _serve([*steady, 200.0, 204.0])
+    assert after.ci_lower == pytest.approx(204 / 1.02)  # the jump is the largest move: never counted
+    assert after.ci_upper == pytest.approx(204 * 1.02)
     assert len(recent[0].sizes) == RECENT_SWEEPS
+    early, _ = _serve([100.0, 102.0, 100.0, 102.0, 100.0, 200.0, 204.0])  # a young history: still left out
+    assert early.ci_lower == pytest.approx(204 / 1.02)
 
 
 def test_carried_crossovers_are_served_as_they_were_and_not_counted_again() -> None:
@@ -211,4 +215,12 @@ def test_carried_crossovers_are_served_as_they_were_and_not_counted_again() -> N
     carried = _found(100, 4.0, (98, 102))
     (served,), after = with_recent_moves([carried], recent, fresh_at=5.0)
     assert served == carried
+    assert after == recent
+
+
+def test_a_crossover_missing_from_one_sweep_keeps_its_recent_moves() -> None:
+    """A device that failed for one sweep has no crossover in it; its recent n* wait for it, not start again."""
+    _, recent = _serve([100, 110, 100, 110, 100])
+    served, after = with_recent_moves([], recent, fresh_at=9.0)
+    assert served == ()
     assert after == recent

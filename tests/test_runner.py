@@ -12,6 +12,7 @@ from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.runner import between, run_plan
 from monitor.costs import cost_models
 from monitor.crossover import crossovers
+from monitor.errors import MeasurementFailed
 from monitor.model import (
     Crossover,
     CrossoverState,
@@ -223,3 +224,40 @@ def test_cost_model_of_known_times() -> None:
     assert model.peak_flops is not None
     assert abs(model.peak_flops - 1e12) / 1e12 < 1e-9
     assert cost_models([m(1000, 1.0)]) == ()  # no n=1 point, no model
+
+
+class FailsOnceBackend(VisitNoiseBackend):
+    """The tie curves, whose GPU fails its third visit of every size it is visited at three times (an odd OOM)."""
+
+    def __init__(self, options: BackendOptions, *, clock: VirtualClock) -> None:
+        super().__init__(options, clock=clock, seed=1, spread=0.05)
+        self.visits: dict[int, int] = {}
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        if device.kind == "gpu":
+            self.visits[size] = self.visits.get(size, 0) + 1
+            if self.visits[size] == 3:
+                raise MeasurementFailed(device.device, f"n={size}", "out of memory (injected)")
+        return super().prepare(device, size, dtype, mode)
+
+
+def test_a_failed_visit_takes_its_round_back_so_visits_stay_paired() -> None:
+    """A GPU visit that fails mid-refinement leaves CPU and GPU with as many visits at that size, never shifted."""
+    clock = VirtualClock()
+    backend = FailsOnceBackend(BackendOptions(tf32=False, cpu_threads=1), clock=clock)
+    plan = dataclasses.replace(
+        make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
+        refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
+    )
+    messages: list[Message] = []
+    run_plan(plan, backend, messages.append, clock)
+    latest = {m.key: m for m in messages if isinstance(m, Measurement)}
+    counts: dict[int, dict[str, int]] = {}
+    for key, m in latest.items():
+        counts.setdefault(key.size, {})[key.device] = m.timing.visit_count
+    failed = {m.point.size for m in messages if isinstance(m, DeviceFailure) and m.point is not None}
+    assert failed  # the injected failures happened
+    for size in failed:
+        assert counts[size]["/CPU:0"] == counts[size]["/GPU:0"] == 2, (size, counts[size])
+    (crossover,) = crossovers([m for m in messages if isinstance(m, DeviceInfo)], latest.values())
+    assert crossover.state is CrossoverState.FOUND

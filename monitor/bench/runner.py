@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from monitor.bench.contract import Backend
 from monitor.bench.guard import Guard
 from monitor.bench.timing import Clock, measure, with_visit
-from monitor.crossover import SpeedupPoint, crossing_span, locate, speedup_point
+from monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
     GPU_PROBLEM,
@@ -105,8 +105,29 @@ class _Session:
         self._emit_point(device, size, dtype, mode)
         return timing.median_s
 
+    def visit_round(self, devices: list[DeviceInfo], size: int, dtype: str, mode: Mode, visits: int) -> bool:
+        """Bring one size to ``visits`` visits on every device; False (the round taken back) if one could not be.
+
+        The CPU's and a GPU's k-th visits are paired by their order, so a round must be whole.
+        """
+        before = {d.device: self.timings.get((d.device, dtype, mode, size)) for d in devices}
+        for device in devices:
+            self.visit(device, size, dtype, mode, visits)
+        counts = {
+            self.timings[(d, dtype, mode, size)].visit_count for d in before if (d, dtype, mode, size) in self.timings
+        }
+        if len(counts) == 1 and all((d, dtype, mode, size) in self.timings for d in before):
+            return True
+        for device in devices:
+            earlier = before[device.device]
+            where = (device.device, dtype, mode, size)
+            if earlier is not None and where in self.timings and self.timings[where] != earlier:
+                self.timings[where] = earlier
+                self._emit_point(device, size, dtype, mode)  # the point as it was before this round
+        return False
+
     def visit(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, visits: int) -> None:
-        """Time a point again (short blocks of the first visit's length) until it has ``visits`` visits."""
+        """Time a point again (short blocks of the first visit's length) up to ``visits`` visits."""
         where = (device.device, dtype, mode, size)
         timing = self.timings.get(where)
         if timing is None:
@@ -256,16 +277,17 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
-    refine_deadline = None
+    refine_left = plan.refine.budget_s  # the budget is the refinement's own time, over all dtypes and modes
     for dtype in plan.dtypes:
         for mode in plan.modes:
             if 1 not in plan.sizes:
                 for device in devices:
                     session.point(device, 1, dtype, mode, "probe")
             _sweep_sizes(session, devices, dtype, mode)
-            if plan.refine.enabled:
-                refine_deadline = refine_deadline or clock() + plan.refine.budget_s
-                _refine(session, devices, dtype, mode, refine_deadline)
+            if plan.refine.enabled and refine_left > 0:
+                started = clock()
+                _refine(session, devices, dtype, mode, started + refine_left)
+                refine_left -= clock() - started
     for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
         emit(context)
 
@@ -316,11 +338,12 @@ def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode:
 def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float) -> None:
     """Time the sizes around each crossover in ``refine.visits`` visits each, until time is up.
 
-    First the measured sizes from the first to the last change of which device is faster; then,
-    once their medians bracket the crossover, sizes between the bracket's two, at most ``spacing``
-    apart; again if the medians move the bracket to sizes timed once. Visits go round-robin over
-    the sizes, and at each size the CPU and every GPU in turn, so that one size's visits are spread
-    over the sweep and the CPU's and a GPU's k-th visits are taken together.
+    The measured sizes from the first to the last change of which device is faster, and sizes
+    between the two around the last change, at most ``spacing`` apart; again if the visits' medians
+    move those changes to sizes timed once. Visits go round-robin over the sizes, and at each size
+    the CPU and every GPU in turn, so that one size's visits are spread over the sweep and the CPU's
+    and a GPU's k-th visits are taken together. A size's round is kept whole: if one device's visit
+    fails there, the round's other visits are taken back and the size is visited no more.
     """
     refine = session.plan.refine
     cpus = [d for d in devices if d.kind == "cpu"]
@@ -334,24 +357,25 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
         sizes = sorted(wanted - done)
         if not sizes:
             return
+        done |= set(sizes)
         for visit in range(1, refine.visits + 1):
             for size in sizes:
-                for device in (*cpus, *gpus):
-                    if session.clock() >= deadline:
-                        return
-                    session.visit(device, size, dtype, mode, visit)
-        done |= set(sizes)
+                if session.clock() >= deadline:
+                    return
+                if not session.visit_round(cpus + gpus, size, dtype, mode, visit):
+                    sizes = [n for n in sizes if n != size]
 
 
 def _sizes_to_visit(curve: list[SpeedupPoint], spacing: float) -> set[int]:
-    """The sizes around a pair's crossover: those the crossing could lie among, and sizes to add inside its bracket."""
+    """The sizes around a pair's crossover: those where the lead changes, and sizes inside the last change's bracket."""
     if not curve:
         return set()
-    found = locate(curve, resamples=0)
-    if found.lower is None or found.upper is None:  # no single crossing: every size where the lead changes
-        span = crossing_span(curve)
-        return set() if span is None else {p.size for p in curve if span[0] <= p.size <= span[1]}
-    return {found.lower, found.upper, *between(found.lower, found.upper, spacing)}
+    span = crossing_span(curve)
+    wanted = set() if span is None else {p.size for p in curve if span[0] <= p.size <= span[1]}
+    _, _, lower, upper = last_crossing(sorted((p.size, p.median) for p in curve))
+    if lower is not None and upper is not None:
+        wanted |= {lower, upper, *between(lower, upper, spacing)}
+    return wanted
 
 
 def between(lower: int, upper: int, spacing: float) -> list[int]:
