@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from monitor import crossover as crossover_module  # noqa: E402
 from monitor.crossover import crossovers  # noqa: E402
-from monitor.model import Crossover, CrossoverState, SweepOutcome  # noqa: E402
+from monitor.model import Crossover, CrossoverKey, CrossoverState, SweepOutcome  # noqa: E402
 from monitor.report import read_json  # noqa: E402
 from monitor.state import StateStore  # noqa: E402
 
@@ -51,8 +51,7 @@ SAMPLE_S = 300  # Prometheus samples every 5 minutes here: three per sweep
 ALERT = "MatmulCrossoverDrift"
 START = 1_800_000_000.0  # the simulated month's first sweep (any fixed time will do)
 
-Key = tuple[str, str, str, str, str]  # backend, gpu, cpu, dtype, mode
-Served = dict[Key, tuple[float, float | None, float | None]]  # n*, interval, for each crossover found
+Served = dict[CrossoverKey, tuple[float, float | None, float | None]]  # n*, interval, for each crossover found
 
 
 def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutcome]:
@@ -104,10 +103,6 @@ def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
     return dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, measurements=tuple(moved)))
 
 
-def _key(c: Crossover) -> Key:
-    return (c.backend, c.gpu, c.cpu, c.dtype, c.mode)
-
-
 def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False) -> list[Served]:
     """What the service serves after each of the sweeps, run one every 15 minutes from START.
 
@@ -122,7 +117,7 @@ def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False)
             store.record(at(outcome, START + index * SWEEP_S))
             latest = store.read().latest
         found = [] if latest is None else [c for c in latest.crossovers if c.state is CrossoverState.FOUND]
-        served.append({_key(c): (c.size, c.ci_lower, c.ci_upper) for c in found if c.size is not None})
+        served.append({c.key: (c.size, c.ci_lower, c.ci_upper) for c in found if c.size is not None})
     return served
 
 
