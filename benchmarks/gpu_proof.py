@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from shared_node import gemm_loop, job_rates  # noqa: E402
+from shared_node import gemm_loop, job_rates, rates_around  # noqa: E402
 
 
 class MemorySampler(threading.Thread):
@@ -151,12 +150,8 @@ def main() -> None:
             time.sleep(6)
             job.kill()
             lines = job_rates(report)
-        alone = [r for t, r in lines if t < before - 1]
-        during = [r for t, r in lines if before + 1 < t < after]
+        alone, during, row["job_throughput_loss"] = rates_around(lines, before, after)
         row["job_rate_alone"], row["job_rate_during_sweep"] = alone, during
-        row["job_throughput_loss"] = (
-            1 - statistics.median(during) / statistics.median(alone) if alone and during else None
-        )
         write(row)
         print(summary(row), f"job GEMM/s alone {alone} during {during}", flush=True)
 

@@ -212,6 +212,16 @@ def job_rates(report: Path) -> list[tuple[float, float]]:
     return [(t, r) for t, r in (map(float, line.split()) for line in report.read_text().splitlines() if line.strip())]
 
 
+def rates_around(
+    lines: list[tuple[float, float]], started: float, ended: float
+) -> tuple[list[float], list[float], float | None]:
+    """The job's rates before a sweep that ran from ``started`` to ``ended``, during it, and what it lost meanwhile."""
+    alone = [r for t, r in lines if t < started - 1]
+    during = [r for t, r in lines if started + 1 < t < ended]
+    loss = 1 - statistics.median(during) / statistics.median(alone) if alone and during else None
+    return alone, during, loss
+
+
 def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     reference_before = run_peer(args.threads, args.gpu)
     for index in range(args.sweeps):
@@ -321,9 +331,7 @@ def gpu_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) 
     time.sleep(6)
     job.kill()
     lines = job_rates(report)
-    alone = [r for t, r in lines if t < before_sweep - 1]
-    during = [r for t, r in lines if before_sweep + 1 < t < after_sweep]
-    loss = 1 - statistics.median(during) / statistics.median(alone) if alone and during else None
+    alone, during, loss = rates_around(lines, before_sweep, after_sweep)
     results["busy_gpu"] = {
         "service": service,
         "job_rate_alone": alone,
