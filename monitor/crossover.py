@@ -83,7 +83,7 @@ def last_crossing(points: Sequence[tuple[int, float]]) -> tuple[CrossoverState, 
     return CrossoverState.FOUND, size, n0, n1
 
 
-def locate(points: Sequence[SpeedupPoint], *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Located:
+def locate(points: Sequence[SpeedupPoint]) -> Located:
     """The crossover of one GPU against one CPU from its speed-up points, with its interval.
 
     n* is the last crossing of the points' median speed-ups. A win of the GPU at a size below it
@@ -100,7 +100,8 @@ def locate(points: Sequence[SpeedupPoint], *, resamples: int = BOOTSTRAP_RESAMPL
     below = lower if lower is not None else math.inf
     always = state is CrossoverState.GPU_ALWAYS_FASTER
     wins = [i for i, p in enumerate(points) if p.size < below and p.median > 0 and not always]
-    rng = random.Random(seed)  # fixed seed: the same measurements always give the same answer
+    rng = random.Random(0)  # fixed seed: the same measurements always give the same answer
+    resamples = BOOTSTRAP_RESAMPLES
     revisited = [(i, p.log_ratios, _smoothing(p.log_ratios)) for i, p in enumerate(points) if len(p.log_ratios) > 1]
     found: list[float] = []
     win_counts = dict.fromkeys(wins, 0)

@@ -110,18 +110,14 @@ class _Session:
 
         The CPU's and a GPU's k-th visits are paired by their order, so a round must be whole.
         """
-        before = {d.device: self.timings.get((d.device, dtype, mode, size)) for d in devices}
+        wheres = [(d.device, dtype, mode, size) for d in devices]
+        before = [self.timings.get(where) for where in wheres]
         for device in devices:
             self.visit(device, size, dtype, mode, visits)
-        counts = {
-            self.timings[(d, dtype, mode, size)].visit_count for d in before if (d, dtype, mode, size) in self.timings
-        }
-        if len(counts) == 1 and all((d, dtype, mode, size) in self.timings for d in before):
+        if all(where in self.timings and self.timings[where].visit_count >= visits for where in wheres):
             return True
-        for device in devices:
-            earlier = before[device.device]
-            where = (device.device, dtype, mode, size)
-            if earlier is not None and where in self.timings and self.timings[where] != earlier:
+        for device, where, earlier in zip(devices, wheres, before, strict=True):
+            if earlier is not None and self.timings.get(where) != earlier:
                 self.timings[where] = earlier
                 self._emit_point(device, size, dtype, mode)  # the point as it was before this round
         return False
