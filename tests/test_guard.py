@@ -550,6 +550,18 @@ def test_proc_stat_meter_without_schedstat_says_the_wait_is_unknown(tmp_path: Pa
     assert load.own_wait == pytest.approx(0.1 / load.wall_s)
 
 
+def _wait_until_spinning(spinners: list[subprocess.Popen[bytes]], timeout_s: float = 20.0) -> None:
+    """Until every spinner has spent CPU time in its loop: under load an interpreter may take seconds to start."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        spent = [int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[11]) for p in spinners]
+        if all(t >= ticks // 10 for t in spent):  # 0.1 s of user time each: past start-up, spinning
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the spinners did not start spinning within {timeout_s:g}s")
+
+
 def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> None:
     """The real worker (a fake GPU that spins its thread), idle and then beside twice as many spinners as cores."""
     plan = dataclasses.replace(
@@ -572,7 +584,7 @@ def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> 
             subprocess.Popen([sys.executable, "-c", SPIN_FOR_A_MINUTE], start_new_session=True)
             for _ in range(2 * len(os.sched_getaffinity(0)))
         )
-        time.sleep(0.5)  # each spinner started and spinning
+        _wait_until_spinning(spinners)
         busy = sweep().snapshot
     finally:
         for spinner in spinners:
