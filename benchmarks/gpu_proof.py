@@ -38,7 +38,7 @@ class MemorySampler(threading.Thread):
     a sampler. Hence once a second, and a peak that may miss a shorter one.
     """
 
-    def __init__(self, exclude: set[int], every_s: float = 1.0) -> None:
+    def __init__(self, exclude: set[int], every_s: float) -> None:
         super().__init__(daemon=True)
         self._every_s = every_s
         import pynvml  # noqa: PLC0415 - only on the GPU machine
@@ -54,6 +54,8 @@ class MemorySampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
+        if self._every_s <= 0:  # sampling off: the sweep runs with nothing polling the driver beside it
+            return
         while not self._done.is_set():
             for handle in self._handles:
                 for process in self._nvml.nvmlDeviceGetComputeRunningProcesses(handle):
@@ -67,8 +69,8 @@ class MemorySampler(threading.Thread):
         return self.peak_bytes
 
 
-def once(config: str, env: dict[str, str], exclude: set[int]) -> dict[str, Any]:
-    sampler = MemorySampler(exclude)
+def once(config: str, env: dict[str, str], exclude: set[int], sample_every_s: float = 1.0) -> dict[str, Any]:
+    sampler = MemorySampler(exclude, sample_every_s)
     sampler.start()
     started = time.monotonic()
     done = subprocess.run(
@@ -81,7 +83,7 @@ def once(config: str, env: dict[str, str], exclude: set[int]) -> dict[str, Any]:
     )
     row: dict[str, Any] = {
         "wall_s": time.monotonic() - started,
-        "peak_gpu_bytes": sampler.stop(),
+        "peak_gpu_bytes": sampler.stop() if sample_every_s > 0 else None,
         "exit": done.returncode,
     }
     try:
@@ -99,8 +101,9 @@ def summary(row: dict[str, Any]) -> str:
         interval = f" [{c['ci_lower']:.0f}-{c['ci_upper']:.0f}]" if c.get("ci_lower") else ""
         parts.append(f"{c['mode']} {c['state']} {size}{interval}")
     withheld = [f"{w['device']} {w['reason']}" for w in snapshot.get("withheld", [])]
+    memory = "not sampled" if row["peak_gpu_bytes"] is None else f"{row['peak_gpu_bytes'] / 2**20:.0f} MiB"
     return (
-        f"{row.get('label', '')} exit {row['exit']} {row['wall_s']:.0f}s mem {row['peak_gpu_bytes'] / 2**20:.0f} MiB: "
+        f"{row.get('label', '')} exit {row['exit']} {row['wall_s']:.0f}s mem {memory}: "
         + "; ".join(parts)
         + (f" withheld {withheld}" if withheld else "")
     )
@@ -115,6 +118,12 @@ def main() -> None:
     parser.add_argument("--label", default="idle")
     parser.add_argument("--sizes", default="128,512,1024,2048")
     parser.add_argument("--threads", type=int, default=15)
+    parser.add_argument(
+        "--sample-every",
+        type=float,
+        default=1.0,
+        help="seconds between NVML memory samples beside each sweep; 0 samples nothing (peak not recorded)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     env = dict(item.split("=", 1) for item in args.env)
@@ -126,7 +135,8 @@ def main() -> None:
     if args.phase == "sweeps":
         for index in range(args.count):
             row = {"phase": "sweep", "label": args.label, "config": args.config, "env": env, "index": index}
-            row.update(once(args.config, env, exclude=set()))
+            row.update(once(args.config, env, exclude=set(), sample_every_s=args.sample_every))
+            row["sample_every_s"] = args.sample_every
             write(row)
             print(summary(row), flush=True)
     elif args.phase == "peer":
