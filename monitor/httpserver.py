@@ -15,7 +15,12 @@ What a client cannot do to it (``HttpLimits``):
   threads, whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``;
-- send an oversized head or body: 431 / 413.
+- send an oversized head or body: 431 / 413;
+- hold a slot by not reading: an answer goes out in pieces of ``_WRITE_PIECE`` (so a stalled reader holds
+  no more than a piece or two in memory), and a connection whose answer has not moved for
+  ``stalled_write_s`` may be evicted, like a waiting one, when the server is full;
+- smuggle a second request: one with both Content-Length and Transfer-Encoding is refused (400) and the
+  connection closed (RFC 9112 section 6.1).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import gzip
 import logging
 import ssl
 import threading
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +44,8 @@ log = logging.getLogger(__name__)
 _READ_CHUNK = 65536
 # Smaller bodies are not worth compressing (a probe's "ok"): gzip would only add bytes and CPU.
 _GZIP_MIN_BYTES = 1024
+# An answer is written this much at a time, each piece once the one before has left (see set_write_buffer_limits).
+_WRITE_PIECE = 16384
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +54,7 @@ class HttpLimits:
     idle_timeout_s: float = 60.0  # a kept-alive connection's wait for its next request (Prometheus reuses them)
     handshake_timeout_s: float = 10.0
     write_timeout_s: float = 30.0  # for an answer to leave: a client that does not read is dropped after it
+    stalled_write_s: float = 2.0  # an answer not moving for this long: its connection may be evicted when full
     max_connections: int = 256
     max_header_bytes: int = 16384
     max_body_bytes: int = 65536
@@ -83,8 +92,10 @@ Handler = Callable[[Request], Response]
 
 @dataclass(eq=False)
 class _Connection:
+    reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     busy: bool = False
+    stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
 
 
 class HttpServer:
@@ -194,18 +205,32 @@ class HttpServer:
         await asyncio.gather(*others, return_exceptions=True)
 
     def _admit(self, connection: _Connection) -> bool:
-        """Room for ``connection``: evict the oldest waiting one when full; False when every one is busy."""
+        """Room for ``connection``: when full, evict the oldest waiting one, else the longest stalled reader.
+
+        False when every connection is busy being answered to a client that reads.
+        """
         if len(self._connections) >= self._limits.max_connections:
-            if not self._waiting:
-                return False
-            oldest, _ = self._waiting.popitem(last=False)
-            oldest.writer.transport.abort()
-            self._connections.discard(oldest)
+            if self._waiting:
+                evicted, _ = self._waiting.popitem(last=False)
+            else:
+                cutoff = self._loop.time() - self._limits.stalled_write_s
+                stalled = [c for c in self._connections if c.stalled_since is not None and c.stalled_since <= cutoff]
+                if not stalled:
+                    return False
+                evicted = min(stalled, key=lambda c: c.stalled_since or 0.0)
+            evicted.writer.transport.abort()
+            self._connections.discard(evicted)
         self._connections.add(connection)
         return True
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(writer)
+        # Cancelled only by stop(): the connection ends there, which is no error to report (asyncio would
+        # log a traceback for a connection task that ends cancelled).
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._serve_connection(reader, writer)
+
+    async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = _Connection(reader, writer)
         if not self._admit(connection):
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             with contextlib.suppress(OSError):
@@ -218,7 +243,8 @@ class HttpServer:
                 # After admission, not on accept: handshakes are counted and bounded like any connection,
                 # and each takes the context in force now (renewed certificates, CAs, versions).
                 await self._start_tls(writer, self._tls())
-            await self._conversation(connection, reader, writer)
+            writer.transport.set_write_buffer_limits(high=_WRITE_PIECE)
+            await self._conversation(connection)
         except (OSError, ssl.SSLError, asyncio.IncompleteReadError, h11.LocalProtocolError):
             pass  # the client went away, failed its handshake or broke the protocol: nothing to tell it
         finally:
@@ -242,21 +268,18 @@ class HttpServer:
         try:
             writer.close()
             await asyncio.wait_for(writer.wait_closed(), self._limits.write_timeout_s)
-        except Exception:  # noqa: BLE001 - any failure to close gracefully ends in the same abort
+        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - any failure to close ends in the same abort
             with contextlib.suppress(Exception):
                 writer.transport.abort()
 
-    async def _conversation(
-        self, connection: _Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _conversation(self, connection: _Connection) -> None:
         protocol = h11.Connection(h11.SERVER, max_incomplete_event_size=self._limits.max_header_bytes)
         wait = self._limits.request_timeout_s
-        peer = str(writer.get_extra_info("peername", ("?",))[0])
-        client_certificate = writer.get_extra_info("peercert") is not None
+        writer = connection.writer
         while True:
             self._waiting[connection] = None
             try:
-                request = await self._read_request(protocol, reader, self._loop.time() + wait, peer, client_certificate)
+                request = await self._read_request(protocol, connection, self._loop.time() + wait)
             except TimeoutError:
                 return  # silent, slow or idle: closed at its deadline
             except h11.RemoteProtocolError as exc:  # malformed, or a head or body over the limits
@@ -270,7 +293,7 @@ class HttpServer:
             connection.busy = True
             try:
                 response = await self._loop.run_in_executor(self._pool, self._answer, request)
-                await self._send(protocol, writer, response, head=request.method == "HEAD")
+                await self._send(protocol, connection, response, head=request.method == "HEAD")
             finally:
                 connection.busy = False
             if protocol.our_state is h11.MUST_CLOSE or not self._server.is_serving():
@@ -278,9 +301,7 @@ class HttpServer:
             protocol.start_next_cycle()
             wait = self._limits.idle_timeout_s
 
-    async def _read_request(
-        self, protocol: h11.Connection, reader: asyncio.StreamReader, deadline: float, peer: str, certificate: bool
-    ) -> Request | None:
+    async def _read_request(self, protocol: h11.Connection, connection: _Connection, deadline: float) -> Request | None:
         """The next whole request, or None if the client closed; TimeoutError if it is not all here by ``deadline``."""
         head: h11.Request | None = None
         body = bytearray()
@@ -290,29 +311,44 @@ class HttpServer:
                 remaining = deadline - self._loop.time()
                 if remaining <= 0:
                     raise TimeoutError
-                data = await asyncio.wait_for(reader.read(_READ_CHUNK), remaining)
+                data = await asyncio.wait_for(connection.reader.read(_READ_CHUNK), remaining)
                 protocol.receive_data(data)
             elif isinstance(event, h11.Request):
-                # h11 bounds only a head still arriving; one that came whole in a read is measured here.
-                size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-                if size > self._limits.max_header_bytes:
-                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                self._check_head(event)
                 head = event
+                if protocol.they_are_waiting_for_100_continue:  # curl and others wait a second for this
+                    continued = h11.InformationalResponse(status_code=100, headers=[])
+                    connection.writer.write(protocol.send(continued) or b"")
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > self._limits.max_body_bytes:
                     raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
             elif isinstance(event, h11.EndOfMessage) and head is not None:
+                writer = connection.writer
                 return Request(
                     method=head.method.decode("ascii", "replace"),
-                    target=head.target.decode("ascii", "replace"),
+                    target=_origin_form(head.target.decode("ascii", "replace")),
                     headers=tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in head.headers),
                     body=bytes(body),
-                    peer=peer,
-                    tls_client_certificate=certificate,
+                    peer=str(writer.get_extra_info("peername", ("?",))[0]),
+                    tls_client_certificate=writer.get_extra_info("peercert") is not None,
                 )
             elif isinstance(event, h11.ConnectionClosed):
                 return None
+
+    def _check_head(self, head: h11.Request) -> None:
+        """Refuse a head over the limit, one that a proxy in front may frame differently, a body over the limit."""
+        # h11 bounds only a head still arriving; one that came whole in a read is measured here.
+        size = len(head.target) + sum(len(k) + len(v) + 4 for k, v in head.headers)
+        if size > self._limits.max_header_bytes:
+            raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+        names = {name.lower() for name, _ in head.headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            # RFC 9112 section 6.1: a proxy that honours the other one would see a second request in the body.
+            raise h11.RemoteProtocolError("both Content-Length and Transfer-Encoding", error_status_hint=400)
+        length = next((value for name, value in head.headers if name.lower() == b"content-length"), b"0")
+        if int(length) > self._limits.max_body_bytes:  # h11 has checked that it is a number
+            raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
 
     def _answer(self, request: Request) -> Response:
         """The handler's response, gzipped when the client asks and it pays (on a pool thread)."""
@@ -338,9 +374,7 @@ class HttpServer:
         self._last_gzip = (body, compressed)
         return compressed
 
-    async def _send(
-        self, protocol: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, head: bool
-    ) -> None:
+    async def _send(self, protocol: h11.Connection, connection: _Connection, response: Response, *, head: bool) -> None:
         headers = [
             ("Content-Type", response.content_type),
             ("Content-Length", str(len(response.body))),
@@ -353,8 +387,17 @@ class HttpServer:
         if not head and response.body:
             out += protocol.send(h11.Data(data=response.body)) or b""
         out += protocol.send(h11.EndOfMessage()) or b""
-        writer.write(out)
-        await asyncio.wait_for(writer.drain(), self._limits.write_timeout_s)
+        writer, view = connection.writer, memoryview(out)
+        deadline = self._loop.time() + self._limits.write_timeout_s
+        try:
+            for start in range(0, len(view), _WRITE_PIECE):
+                writer.write(view[start : start + _WRITE_PIECE])
+                if writer.transport.get_write_buffer_size() > 0:
+                    connection.stalled_since = self._loop.time()  # evictable once this has lasted (see _admit)
+                await asyncio.wait_for(writer.drain(), max(0.0, deadline - self._loop.time()))
+                connection.stalled_since = None
+        finally:
+            connection.stalled_since = None
 
 
 def _plain_error(status: int, message: str) -> bytes:
@@ -368,14 +411,22 @@ def _plain_error(status: int, message: str) -> bytes:
     return head.encode("ascii") + body
 
 
+def _origin_form(target: str) -> str:
+    """A request target as path and query; the absolute form (``GET http://host/metrics``) too (RFC 9112 3.2.2)."""
+    if target.startswith(("http://", "https://")):
+        parts = urllib.parse.urlsplit(target)
+        return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return target
+
+
 def _accepts_gzip(header: str) -> bool:
-    """Whether Accept-Encoding allows gzip (``gzip;q=0`` refuses it)."""
+    """Whether Accept-Encoding allows gzip: named, or through ``*``, with a weight above 0 (``gzip;q=0`` refuses)."""
+    weights: dict[str, float] = {}
     for item in header.lower().split(","):
-        name, _, params = item.strip().partition(";")
-        if name.strip() in ("gzip", "*"):
-            quality = params.strip().removeprefix("q=")
-            try:
-                return not params.strip().startswith("q=") or float(quality) > 0
-            except ValueError:
-                return False
-    return False
+        name, *params = (part.strip() for part in item.split(";"))
+        quality = next((p.partition("=")[2] for p in params if p.partition("=")[0].strip() == "q"), "1")
+        try:
+            weights.setdefault(name, float(quality))
+        except ValueError:
+            weights.setdefault(name, 0.0)
+    return weights.get("gzip", weights.get("*", 0.0)) > 0

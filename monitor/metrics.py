@@ -407,14 +407,42 @@ def build_registry(
     return registry
 
 
+# The two expositions served, by what a scraper's Accept header is reduced to. Only these two reach
+# prometheus_client, whose own negotiation echoes the client's version= into the content type (a
+# cache keyed on it grew with every new header) and raises on a version that is not a number.
+_OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+_TEXT = ""  # prometheus_client's text format 0.0.4
+
+
 def exposition_type(accept_header: str | None) -> str:
-    """The content type ``render`` answers an Accept header with (one per exposition format)."""
-    return str(choose_encoder(accept_header or "")[1])
+    """Which of the two expositions answers this Accept header: the canonical header ``render`` takes.
+
+    OpenMetrics when the header accepts it (no version, or a 1.x one) with a weight at least that of
+    any text format it accepts; otherwise the text format 0.0.4, which every Prometheus reads (also
+    for a header that accepts neither: an exporter answers with what it has). ``q=0`` refuses a type.
+    """
+    best_text = best_openmetrics = -1.0
+    for position, item in enumerate((accept_header or "").split(",")):
+        media, *params = (part.strip() for part in item.split(";"))
+        options = dict(p.partition("=")[::2] for p in params)
+        try:
+            weight = float(options.get("q", "1"))
+        except ValueError:
+            weight = 0.0
+        weight -= position * 1e-6  # equal weights: the first listed wins
+        if weight <= 0:
+            continue
+        media = media.lower()
+        if media == "application/openmetrics-text" and options.get("version", "1.0.0").startswith("1."):
+            best_openmetrics = max(best_openmetrics, weight)
+        elif media in ("text/plain", "text/*", "*/*"):
+            best_text = max(best_text, weight)
+    return _OPENMETRICS if best_openmetrics > 0 and best_openmetrics >= best_text else _TEXT
 
 
-def render(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
-    """The exposition body and its content type, in the format the scraper asked for."""
-    encoder, content_type = choose_encoder(accept_header or "")
+def render(registry: CollectorRegistry, exposition: str) -> tuple[bytes, str]:
+    """The body and content type of one of the expositions ``exposition_type`` names."""
+    encoder, content_type = choose_encoder(exposition)
     return encoder(registry), content_type
 
 

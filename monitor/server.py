@@ -134,11 +134,10 @@ class _MetricsCache:
         self._freshness = freshness
         self._lock = threading.Lock()
         self._token: tuple[object, ...] | None = None
-        self._bodies: dict[str, Response] = {}  # by exposition format: a few at most, whatever clients send
+        self._bodies: dict[str, Response] = {}  # by exposition: two at most, whatever clients send
 
     def response(self, request: Request) -> Response:
-        accept = request.header("accept") or ""
-        kind = exposition_type(accept)
+        kind = exposition_type(request.header("accept"))
         token = self._freshness() if self._freshness is not None else None
         with self._lock:
             fresh = token is not None and self._token is not None and _same(token, self._token)
@@ -146,7 +145,7 @@ class _MetricsCache:
         if cached is not None:
             return cached
         try:
-            body, content_type = render(self._registry, accept)
+            body, content_type = render(self._registry, kind)
         except Exception:  # a bug in rendering must answer 500, not drop the connection
             log.exception("rendering /metrics failed")
             return Response(status=500, body=b"internal error rendering metrics; see the service log\n")

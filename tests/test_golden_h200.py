@@ -13,7 +13,7 @@ import pytest
 
 from monitor import metrics
 from monitor.codec import from_data
-from monitor.metrics import EXPOSED_NAMES, build_registry, render
+from monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
 from monitor.model import (
     CostModel,
     Crossover,
@@ -162,7 +162,7 @@ def test_exporter_renders_the_golden_scrape_again(golden: Samples) -> None:
     """The current exporter, fed the same data, renders exactly the H200 service's samples."""
     state = _snapshot_from(golden)
     registry = build_registry(lambda: state, backend="torch", framework_version="2.11.0+cu130")
-    body, _ = render(registry, None)
+    body, _ = render(registry, exposition_type(None))
     rendered = {
         k: v
         for k, v in parse(body.decode()).items()

@@ -225,3 +225,102 @@ def test_a_large_answer_arrives_whole_before_the_connection_closes(server: HttpS
     head, _, body = bytes(received).partition(b"\r\n\r\n")
     assert b"content-length: 4194304" in head.lower()
     assert len(body) == 4 << 20
+
+
+def _raw(server: HttpServer, data: bytes, *, wait_s: float = 3.0) -> bytes:
+    """Everything the server sends back for ``data`` until it closes (or ``wait_s`` of silence)."""
+    sock = connect(server)
+    sock.sendall(data)
+    sock.settimeout(wait_s)
+    received = bytearray()
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        pass
+    finally:
+        sock.close()
+    return bytes(received)
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_smuggled_request_never_answered(
+    server: HttpServer,
+) -> None:
+    """Issue 18 #7: h11 took the chunked body, kept the connection and answered the request hidden in it."""
+    smuggled = b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = _raw(
+        server,
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n%s"
+        % (5 + len(smuggled), smuggled),
+    )
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1  # closed after the refusal: nothing answered the smuggled GET
+    assert b"connection: close" in answer.lower()
+
+
+def test_expect_100_continue_is_answered_before_the_body() -> None:
+    """Issue 18 #11: a client sending ``Expect: 100-continue`` waited a second (curl's default) for nothing."""
+    running = HttpServer("127.0.0.1", 0, Slow(), limits=LIMITS)
+    running.start()
+    try:
+        sock = connect(running)
+        sock.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+        sock.settimeout(0.5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 100 ")
+        sock.sendall(b"abc")
+        sock.settimeout(5)
+        assert sock.recv(4096).endswith(b"\r\n\r\nabc")
+        sock.close()
+    finally:
+        running.stop()
+
+
+def test_absolute_form_targets_and_gzip_weights_after_other_parameters(server: HttpServer) -> None:
+    """Issue 18 #11: ``GET http://host/path`` once 404'd; ``gzip;x=1;q=0`` was still compressed."""
+    answer = _raw(
+        server, b"GET http://example.invalid/big?x=1 HTTP/1.1\r\nHost: example.invalid\r\nConnection: close\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert answer.endswith(BIG)
+    assert get(server, "/big", **{"Accept-Encoding": "gzip;x=1;q=0"})[1].get("content-encoding") is None
+    assert get(server, "/big", **{"Accept-Encoding": "gzip;q=0, *"})[1].get("content-encoding") is None
+    assert get(server, "/big", **{"Accept-Encoding": "br, *;q=0.5"})[1].get("content-encoding") == "gzip"
+
+
+def test_stop_with_a_kept_alive_connection_logs_no_traceback(slow: Slow, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 #11: stopping with a keep-alive connection open logged asyncio's CancelledError traceback."""
+    running = HttpServer("127.0.0.1", 0, slow, limits=HttpLimits(idle_timeout_s=30, stop_timeout_s=1))
+    running.start()
+    client = http.client.HTTPConnection(*running.address, timeout=5)
+    client.request("GET", "/")
+    assert client.getresponse().read() == b"ok\n"
+    with caplog.at_level(logging.DEBUG, logger="asyncio"):
+        running.stop()
+        gc.collect()
+    client.close()
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+
+
+def test_clients_that_never_read_cannot_keep_others_out(slow: Slow) -> None:
+    """Issue 18 #6: connections blocked writing to a client that does not read counted as busy and could
+    not be evicted, so every new client got 503 until the write timeout (30 s)."""
+    limits = HttpLimits(max_connections=8, workers=2, stalled_write_s=0.5, write_timeout_s=30)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits)
+    running.start()
+    greedy = []
+    try:
+        for _ in range(limits.max_connections):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(running.address)
+            sock.sendall(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n" * 20)  # pipelined, and never read
+            greedy.append(sock)
+        time.sleep(limits.stalled_write_s + 0.5)
+        assert running.connections == limits.max_connections
+        answers = [get(running, "/")[0] for _ in range(4)]
+        assert answers == [200] * 4
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in greedy:
+            sock.close()
+        running.stop()

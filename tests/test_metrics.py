@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from monitor.metrics import EXPOSED_NAMES, build_registry, render
+from monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
 from monitor.model import (
     CostModel,
     Crossover,
@@ -194,7 +194,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
     )
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))
     store.record_config(loaded=True, at=80)
-    body, content_type = render(_registry(store), None)
+    body, content_type = render(_registry(store), exposition_type(None))
     assert content_type.startswith("text/plain")
     names = {name for name, _ in parse(body.decode())}
     assert names <= EXPOSED_NAMES

@@ -89,3 +89,52 @@ def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
         assert "matmul_sweep_next_timestamp_seconds 123.0" in changed
     finally:
         server.stop()
+
+
+def test_accept_headers_with_endless_versions_share_two_renderings() -> None:
+    """Issue 18 #3: each new ``version=`` once made a body of its own in the cache (RSS grew ~10 KB a scrape)."""
+    reads: list[int] = []
+    state = ServiceState()
+
+    def read_state() -> ServiceState:
+        reads.append(1)
+        return state
+
+    server = started_server(read_state, freshness=lambda: (state, 1.0))
+    try:
+        host, port = server.address
+        kinds = set()
+        for index in range(60):
+            accept = f"application/openmetrics-text; version=1.{index}.{index % 7}"
+            status, content_type, _ = http_get(f"http://{host}:{port}/metrics", {"Accept": accept})
+            kinds.add(content_type)
+            http_get(f"http://{host}:{port}/metrics", {"Accept": f"text/plain; version=0.0.{index}"})
+        assert status == 200
+        assert kinds == {"application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"}
+        assert len(reads) == 2  # one rendering per exposition, whatever the headers
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("accept", "openmetrics"),
+    [
+        ("application/openmetrics-text; version=abc", False),  # once a 500 and a logged traceback
+        ("application/openmetrics-text; version=1.1.\xff", True),  # once a dropped connection
+        ("application/openmetrics-text;q=0, text/plain;q=0.5", False),  # q=0 refuses it
+        ("application/openmetrics-text; version=1.0.0; q=0.5, text/plain; version=0.0.4; q=0.2", True),
+        ("text/plain;q=0.9, application/openmetrics-text;q=0.5", False),
+        ("application/json", False),  # nothing we speak: the text format, as exporters answer
+        ("application/openmetrics-text; version=2.0.0", False),  # a version not spoken here
+    ],
+)
+def test_odd_accept_headers_get_a_normal_answer(accept: str, openmetrics: bool) -> None:
+    server = started_server(ServiceState)
+    try:
+        host, port = server.address
+        status, content_type, body = http_get(f"http://{host}:{port}/metrics", {"Accept": accept})
+        assert status == 200
+        assert content_type.startswith("application/openmetrics-text" if openmetrics else "text/plain")
+        assert body.endswith("# EOF\n") == openmetrics
+    finally:
+        server.stop()
