@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -35,6 +37,7 @@ _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("tor
 # A sweep still running this long after its deadline means its kill path is stuck.
 _STUCK_AFTER_DEADLINE_S = 30.0
 _MAIN_LOOP_TICK_S = 1.0
+_WAKE = 0  # on the inbox: not a signal, only "look at _stopping"
 # A due sweep that has not started this long after its time means the scheduler thread is gone.
 _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
@@ -107,7 +110,12 @@ class Service:
         self._launch = launch
         # Reads the configuration again for SIGHUP (the CLI's loader: file and flags); None: nothing to reread.
         self._load = load
-        self._reload_requested = threading.Event()
+        # What the signals ask of the main loop, as signal numbers (and _WAKE from stop()). A queue.SimpleQueue
+        # because its put() is reentrant: a handler may interrupt another's put in the main thread (a burst
+        # of SIGHUPs), where Event.set() would wait forever for the lock its interrupted caller holds.
+        self._inbox: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._manual_lock = threading.Lock()
+        self._manual_pending = False  # a manual sweep accepted and not yet begun: one 202 per sweep
         self._reload_lock = threading.Lock()  # SIGHUP and POST /-/reload may come at once
         self._reload_refusal = ""
         gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
@@ -311,8 +319,19 @@ class Service:
                 )
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        log.info("stopping", extra={"signal": signal.Signals(signum).name})
-        self._stopping.set()
+        """Every handled signal: only put on the inbox (no lock, no logging); the main loop acts on it."""
+        self._inbox.put(signum)
+
+    def _take_signals(self, wait_s: float) -> set[int]:
+        """The signals that came since the last call (a burst of one kind counts once), waiting up to ``wait_s``."""
+        try:
+            came = {self._inbox.get(timeout=wait_s)}
+        except queue.Empty:
+            return set()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                came.add(self._inbox.get_nowait())
+        return came
 
     def _landing_page(self) -> str:
         runs = self._history.recent(20) if self._history is not None else None
@@ -327,13 +346,28 @@ class Service:
         return False, f"reload refused; the running configuration stays: {self._reload_refusal}"
 
     def request_sweep(self) -> tuple[bool, str]:
-        """A sweep now (SIGUSR1, POST /-/sweep), counted and recorded like a scheduled one; refused while one runs."""
-        if self._worker_lock.locked():
-            log.info("manual sweep refused: a sweep or retry is running")
-            return False, "a sweep or retry is running; try again when it ends"
+        """A sweep now (SIGUSR1, POST /-/sweep), counted and recorded like a scheduled one.
+
+        Refused while one runs or one asked for has not begun yet: each yes is a sweep of its own.
+        """
+        with self._manual_lock:
+            if self._manual_pending or self._worker_lock.locked():
+                log.info("manual sweep refused: a sweep or retry is running or about to")
+                return False, "a sweep or retry is running or about to; try again when it ends"
+            self._manual_pending = True
         log.info("manual sweep requested")
-        self._scheduler.run_later(self._sweep, 0, name="manual")
+        try:
+            self._scheduler.run_later(self._manual_sweep, 0, name="manual")
+        except Exception:
+            with self._manual_lock:
+                self._manual_pending = False
+            raise
         return True, "sweep started"
+
+    def _manual_sweep(self) -> None:
+        with self._manual_lock:
+            self._manual_pending = False
+        self._sweep()
 
     def reload(self) -> bool:
         """Read the configuration again: a valid one takes effect at once, an invalid one is logged and ignored.
@@ -372,18 +406,13 @@ class Service:
         log.info("configuration reloaded", extra={"config": new.source})
         return True
 
-    def _on_manual_sweep(self, _signum: int, _frame: FrameType | None) -> None:
-        """SIGUSR1: a sweep now (e.g. right after a driver upgrade)."""
-        self.request_sweep()
-
     def run(self, *, install_signal_handlers: bool = True) -> int:
         previous: dict[signal.Signals, Callable[[int, FrameType | None], object] | int | None] = {}
         if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            # SIGTERM and SIGINT stop, SIGHUP rereads the configuration, SIGUSR1 sweeps now (e.g. after a
+            # driver upgrade): all acted on by the loop below, never inside the handler.
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
                 previous[sig] = signal.signal(sig, self._on_signal)
-            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_manual_sweep)
-            # SIGHUP rereads the configuration (on the main loop's next tick, not inside the handler).
-            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: self._reload_requested.set())
         try:
             self._server.start()
             self._scheduler.start()
@@ -392,10 +421,16 @@ class Service:
             systemd.notify("READY=1")
             watchdog = systemd.watchdog_interval_s()
             tick = min(_MAIN_LOOP_TICK_S, watchdog) if watchdog else _MAIN_LOOP_TICK_S
-            while not self._stopping.wait(tick):
-                if self._reload_requested.is_set():
-                    self._reload_requested.clear()
+            while not self._stopping.is_set():
+                came = self._take_signals(tick)
+                stop = came & {signal.SIGTERM, signal.SIGINT}
+                if stop:
+                    log.info("stopping", extra={"signal": signal.Signals(min(stop)).name})
+                    break
+                if signal.SIGHUP in came:
                     self.reload()
+                if signal.SIGUSR1 in came:
+                    self.request_sweep()
                 if watchdog and self.healthy()[0]:
                     systemd.notify("WATCHDOG=1")
         finally:
@@ -408,6 +443,7 @@ class Service:
         """Stop serving and kill any sweep in flight; returns within a few seconds."""
         systemd.notify("STOPPING=1")
         self._stopping.set()
+        self._inbox.put(_WAKE)  # the main loop, if another thread called this
         self._cancel_sweep.set()
         self._scheduler.shutdown()
         if not self._sweep_idle.wait(STOP_WAIT_S):

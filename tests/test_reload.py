@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +75,65 @@ def test_twenty_bad_reloads_change_nothing_then_a_good_one_takes(service: Runnin
     samples = _reload(service, fake_config(), 21)
     assert samples[LOADED] == 1
     assert _sizes(samples) == served
+
+
+@pytest.mark.parametrize("burst", [signal.SIGHUP, signal.SIGUSR1])
+def test_a_burst_of_signals_is_coalesced_and_sigterm_still_stops_it(service: RunningService, burst: int) -> None:
+    """Issue 18 #1: bursts of 2,000 SIGHUPs in a tight loop (here: for 3 s) deadlocked the main thread (a
+    handler's Event.set() re-entered while the call it interrupted held the lock), or, nested, ended it
+    with a RecursionError: no later reload, SIGTERM ignored. Now handlers only queue; the loop acts once."""
+    storm = (
+        "import os, sys, time\n"
+        "pid, sig, end = int(sys.argv[1]), int(sys.argv[2]), time.monotonic() + 3\n"
+        "sent = 0\n"
+        "while time.monotonic() < end:\n"
+        "    for _ in range(2000):\n"
+        "        os.kill(pid, sig)\n"
+        "    sent += 2000\n"
+        "print(sent)\n"
+    )
+    sender = subprocess.run(
+        [sys.executable, "-c", storm, str(service.process.pid), str(int(burst))],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    assert int(sender.stdout) >= 2000
+    time.sleep(2)  # the storm's own reloads or sweeps (coalesced, each logged) are done
+    done = service.logs().count("monitor.daemon: configuration reloaded")
+    samples = _reload(service, fake_config().replace("[16, 32, 64, 128]", "[16, 32]"), done + 1)
+    assert _sizes(samples) == {"16", "32"}
+    assert service.get("/healthz")[0] == 200
+    began = time.monotonic()
+    service.process.send_signal(signal.SIGTERM)
+    service.process.wait(timeout=10)
+    assert time.monotonic() - began < 10
+    assert "monitor.daemon: stopping" in service.logs()
+
+
+def test_simultaneous_sweep_requests_get_one_yes_per_sweep(tmp_path: Path) -> None:
+    """Issue 18 #8: eight POST /-/sweep at once while idle got two 202s for one sweep."""
+    running = RunningService(tmp_path, fake_config(), extra=("--web.enable-lifecycle",))
+    try:
+        running.wait_for_sweeps("success", 1)
+        barrier = threading.Barrier(8)
+
+        def post() -> int:
+            barrier.wait()
+            request = urllib.request.Request(running.url + "/-/sweep", method="POST")  # noqa: S310 - loopback
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            answers = sorted(pool.map(lambda _: post(), range(8)))
+        assert answers.count(202) == 1, answers
+        assert set(answers) == {202, 409}
+        samples = running.wait_for_sweeps("success", 2, timeout=30)
+        time.sleep(2)  # a second sweep, if one were started, would be counted by now (the fake curve is fast)
+        assert running.scrape()[("matmul_sweeps_total", frozenset({("result", "success")}))] == 2, samples
+    finally:
+        running.stop()

@@ -63,3 +63,13 @@ def test_without_a_loader_reload_is_ignored() -> None:
         assert service.reload() is False
     finally:
         service.stop()
+
+
+def test_sweep_requests_before_the_sweep_begins_get_one_yes() -> None:
+    """Issue 18 #8: requests that came before the accepted sweep had begun were each told "sweep started"."""
+    service = _service([])  # not started: the accepted sweep waits in the scheduler, as for a moment it does
+    try:
+        answers = [service.request_sweep()[0] for _ in range(8)]
+        assert answers == [True] + [False] * 7
+    finally:
+        service.stop()
