@@ -163,7 +163,9 @@ def _file(section: dict[str, Any], key: str, base: Path, problems: list[Problem]
         if required:
             problems.append(Problem(f"tls_server_config.{key}", "required"))
         return None
-    found = (base / str(raw)).resolve()
+    # Not resolved: certbot's live/cert.pem is a symlink switched to a new archive file at each renewal,
+    # and the watcher must follow the name, not the file it named at start.
+    found = (base / str(raw)).absolute()
     if not found.is_file():
         problems.append(Problem(f"tls_server_config.{key}", f"no such file: {found}"))
     return found
@@ -287,14 +289,15 @@ class WebGate:
             files += [tls.cert_file, tls.key_file, *([tls.client_ca_file] if tls.client_ca_file else [])]
         return files
 
-    def _files_stamp(self) -> tuple[tuple[str, float, int], ...]:
+    def _files_stamp(self) -> tuple[tuple[str, int, int, int, int], ...]:
+        """Each watched file as (name, device, inode, mtime, size), through symlinks: a switched link changes it."""
         stamps = []
         for file in self._files():
             try:
                 stat = file.stat()
-                stamps.append((str(file), stat.st_mtime, stat.st_size))
+                stamps.append((str(file), stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size))
             except OSError:
-                stamps.append((str(file), 0.0, -1))
+                stamps.append((str(file), 0, 0, 0, -1))
         return tuple(stamps)
 
     def refresh(self) -> None:

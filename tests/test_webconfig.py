@@ -201,22 +201,23 @@ def test_tls_handshakes_count_against_the_connection_limit(pki: Path, tmp_path: 
         server.stop()
 
 
+def _served_subject(port: int, pki: Path) -> str:
+    """The common name of the certificate a new TLS connection to ``port`` is served."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost") as tls:
+        certificate = tls.getpeercert() or {}
+    subject: tuple[tuple[tuple[str, str], ...], ...] = certificate.get("subject", ())  # type: ignore[assignment]
+    return dict(pair[0] for pair in subject)["commonName"]
+
+
 def test_a_renewed_certificate_is_served_without_a_restart(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
     server, directory = tls_server
     port = server.address[1]
-
-    def served_subject() -> str:
-        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        with context.wrap_socket(socket.create_connection(("127.0.0.1", port)), server_hostname="localhost") as tls:
-            certificate = tls.getpeercert() or {}
-        subject: tuple[tuple[tuple[str, str], ...], ...] = certificate.get("subject", ())  # type: ignore[assignment]
-        return dict(pair[0] for pair in subject)["commonName"]
-
-    assert served_subject() == "server"
+    assert _served_subject(port, pki) == "server"
     shutil.copy(pki / "rotated.key", directory / "server.key")
     shutil.copy(pki / "rotated.crt", directory / "server.crt")
     deadline = time.monotonic() + 10
-    while served_subject() != "rotated":
+    while _served_subject(port, pki) != "rotated":
         assert time.monotonic() < deadline, "the renewed certificate was not picked up"
         time.sleep(0.2)
 
@@ -309,3 +310,30 @@ def test_service_with_web_config_and_lifecycle_flags(tmp_path: Path) -> None:
     )
     assert done.returncode == 78, done.stderr
     assert "basic_auth_users.ops: must be a bcrypt hash" in done.stderr
+
+
+def test_a_certbot_renewal_switching_the_live_symlink_is_served(pki: Path, tmp_path: Path) -> None:
+    """Issue 18 #5: live/cert.pem is a symlink certbot points at a new archive file; the watcher once
+    followed the file it resolved at start and kept serving the old certificate, logging nothing."""
+    archive, live = tmp_path / "archive", tmp_path / "live"
+    archive.mkdir()
+    live.mkdir()
+    for number, name in ((1, "server"), (2, "rotated")):
+        shutil.copy(pki / f"{name}.crt", archive / f"cert{number}.pem")
+        shutil.copy(pki / f"{name}.key", archive / f"privkey{number}.pem")
+    (live / "cert.pem").symlink_to("../archive/cert1.pem")
+    (live / "privkey.pem").symlink_to("../archive/privkey1.pem")
+    config = write_config(tmp_path, "tls_server_config: {cert_file: live/cert.pem, key_file: live/privkey.pem}\n")
+    server = serve(WebGate(config))
+    try:
+        port = server.address[1]
+        assert _served_subject(port, pki) == "server"
+        for link, target in (("privkey.pem", "privkey2.pem"), ("cert.pem", "cert2.pem")):  # as certbot does
+            (live / f"{link}.new").symlink_to(f"../archive/{target}")
+            (live / f"{link}.new").replace(live / link)
+        deadline = time.monotonic() + 5
+        while _served_subject(port, pki) != "rotated":
+            assert time.monotonic() < deadline, "the renewed certificate behind the symlink was not picked up"
+            time.sleep(0.2)
+    finally:
+        server.stop()
