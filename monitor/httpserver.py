@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gzip
 import logging
 import ssl
 import threading
 import urllib.parse
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -90,6 +91,23 @@ class Response:
 Handler = Callable[[Request], Response]
 
 
+@dataclass(frozen=True, kw_only=True)
+class Gate:
+    """A check every request passes before its handler (basic auth).
+
+    ``quick`` answers on the event loop when it can (a cache of checked credentials); when it returns
+    None the request waits for ``slow`` (bcrypt, tens of ms by design), which runs on ``threads`` threads
+    of its own, taken in turn by client address: a flood of failing logins from one address waits behind
+    itself, never takes the handler threads, and delays another client's first check by at most a turn.
+    A refused request is answered by ``refused``.
+    """
+
+    quick: Callable[[Request], bool | None]
+    slow: Callable[[Request], bool]
+    refused: Callable[[Request], Response]
+    threads: int = 2
+
+
 @dataclass(eq=False)
 class _Connection:
     reader: asyncio.StreamReader
@@ -111,8 +129,10 @@ class HttpServer:
         tls: Callable[[], ssl.SSLContext] | None = None,
         extra_headers: Callable[[], Iterable[tuple[str, str]]] = tuple,
         tick: Callable[[], None] | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self._handler = handler
+        self._gate = gate
         self._tick = tick
         self._stop_lock = threading.Lock()
         self._stopped = False
@@ -122,6 +142,7 @@ class HttpServer:
         self._tls = tls
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=self._limits.workers, thread_name_prefix="http")
+        self._checks = _TakenInTurn(self._loop, gate.threads if gate is not None else 1)
         # Connections waiting for a request head, oldest first: the ones a new connection may evict.
         self._waiting: OrderedDict[_Connection, None] = OrderedDict()
         self._connections: set[_Connection] = set()
@@ -188,6 +209,7 @@ class HttpServer:
         if not self._loop.is_running():
             self._loop.close()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._checks.shutdown()
 
     async def _shutdown(self) -> None:
         self._server.close()
@@ -292,7 +314,9 @@ class HttpServer:
             self._waiting.pop(connection, None)
             connection.busy = True
             try:
-                response = await self._loop.run_in_executor(self._pool, self._answer, request)
+                response = await self._admitted(request)
+                if response is None:
+                    response = await self._loop.run_in_executor(self._pool, self._answer, request)
                 await self._send(protocol, connection, response, head=request.method == "HEAD")
             finally:
                 connection.busy = False
@@ -350,6 +374,20 @@ class HttpServer:
         if int(length) > self._limits.max_body_bytes:  # h11 has checked that it is a number
             raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
 
+    async def _admitted(self, request: Request) -> Response | None:
+        """None when the gate lets ``request`` in; else the answer it gets instead."""
+        if self._gate is None:
+            return None
+        verdict = self._gate.quick(request)
+        if verdict is None:
+            check = functools.partial(self._gate.slow, request)
+            try:
+                verdict = await asyncio.wait_for(self._checks.run(request.peer, check), self._limits.request_timeout_s)
+            except TimeoutError:
+                busy = b"too many logins waiting to be checked; try again\n"
+                return Response(status=503, body=busy, headers=(("Retry-After", "5"),))
+        return None if verdict else self._gate.refused(request)
+
     def _answer(self, request: Request) -> Response:
         """The handler's response, gzipped when the client asks and it pays (on a pool thread)."""
         try:
@@ -398,6 +436,50 @@ class HttpServer:
                 connection.stalled_since = None
         finally:
             connection.stalled_since = None
+
+
+class _TakenInTurn:
+    """Calls run on threads of their own, at most ``threads`` at once, taken in turn by key (client address)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, threads: int) -> None:
+        self._loop = loop
+        self._threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="http-check")
+        self._queues: OrderedDict[str, deque[tuple[Callable[[], bool], asyncio.Future[bool]]]] = OrderedDict()
+        self._running = 0
+
+    async def run(self, key: str, call: Callable[[], bool]) -> bool:
+        """``call``'s result once its turn came and it ran (cancelling the wait drops it if not begun)."""
+        future: asyncio.Future[bool] = self._loop.create_future()
+        self._queues.setdefault(key, deque()).append((call, future))
+        self._next()
+        return await future
+
+    def _next(self) -> None:
+        while self._running < self._threads and self._queues:
+            key, waiting = next(iter(self._queues.items()))
+            call, future = waiting.popleft()
+            if waiting:
+                self._queues.move_to_end(key)  # its next call waits for every other key's turn
+            else:
+                del self._queues[key]
+            if future.cancelled():
+                continue
+            self._running += 1
+            ran = self._loop.run_in_executor(self._pool, call)
+            ran.add_done_callback(functools.partial(self._finished, future))
+
+    def _finished(self, future: asyncio.Future[bool], ran: asyncio.Future[bool]) -> None:
+        self._running -= 1
+        if not future.cancelled():
+            if ran.cancelled() or ran.exception() is not None:
+                future.set_result(False)  # a check that could not finish lets nobody in
+            else:
+                future.set_result(ran.result())
+        self._next()
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _plain_error(status: int, message: str) -> bytes:

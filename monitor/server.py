@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from monitor.httpserver import HttpLimits, HttpServer, Request, Response
+from monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 from monitor.metrics import Registry, exposition_type, render
 from monitor.webconfig import WebGate
 
@@ -71,9 +71,6 @@ class MetricsServer:
 
         def handle(request: Request) -> Response:
             path = request.path
-            if path not in _OPEN_PATHS and not gate.allowed(request.header("authorization"), request.peer, path):
-                challenge = ("WWW-Authenticate", 'Basic realm="crossover-monitor", charset="UTF-8"')
-                return Response(status=401, body=b"unauthorized\n", headers=(challenge,))
             if path in ("/-/reload", "/-/sweep"):
                 done, refused = (202, 409) if path == "/-/sweep" else (200, 400)
                 return _lifecycle(request, posts.get(path), done=done, refused=refused)
@@ -93,7 +90,9 @@ class MetricsServer:
             tls=gate.tls_context if gate.tls else None,
             extra_headers=gate.headers,
             tick=gate.refresh,
+            gate=_auth_gate(gate),
         )
+        self._web = gate
 
     @property
     def address(self) -> tuple[str, int]:
@@ -104,6 +103,22 @@ class MetricsServer:
 
     def stop(self) -> None:
         self._http.stop()
+        self._web.close()
+
+
+def _auth_gate(web: WebGate) -> Gate:
+    """Basic auth for every path but the probes."""
+
+    def refused(request: Request) -> Response:
+        web.refused(request.header("authorization"), request.peer, request.path)
+        challenge = ("WWW-Authenticate", 'Basic realm="crossover-monitor", charset="UTF-8"')
+        return Response(status=401, body=b"unauthorized\n", headers=(challenge,))
+
+    return Gate(
+        quick=lambda r: True if r.path in _OPEN_PATHS else web.quick(r.header("authorization")),
+        slow=lambda r: web.check(r.header("authorization")),
+        refused=refused,
+    )
 
 
 def _lifecycle(request: Request, action: Callable[[], tuple[bool, str]] | None, *, done: int, refused: int) -> Response:

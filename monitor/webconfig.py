@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import logging
 import ssl
 import threading
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,9 +78,22 @@ _TLS_KEYS = {
     "prefer_server_cipher_suites",  # ignored, as Go itself ignores it since 1.18
 }
 _UNSUPPORTED_TLS_KEYS = ("cipher_suites", "curve_preferences", "client_allowed_sans", "cert", "key")
-_CACHE_SIZE = 256
-# Checked against for unknown users, so that they cost as much as known ones (exporter-toolkit does the same).
-_DUMMY_HASH = bcrypt.hashpw(b"crossover-monitor: no such user", bcrypt.gensalt(rounds=10))
+_CACHE_SIZE = 1024  # checked credentials remembered (successes and failures), least recently used out
+# Failed logins are logged one line per window, with the count, not one line per try (a flood wrote 15,000
+# lines in 12 s).
+_REFUSAL_LOG_WINDOW_S = 10.0
+_PEERS_NAMED = 5
+
+
+@functools.cache
+def _dummy_hash(cost: int) -> bytes:
+    """Checked against for unknown users, at the configured users' cost: the time does not tell who exists."""
+    return bcrypt.hashpw(b"crossover-monitor: no such user", bcrypt.gensalt(rounds=cost))
+
+
+def _cost(hashed: bytes) -> int:
+    """The cost of a bcrypt hash ($2b$10$...)."""
+    return int(hashed.split(b"$")[2])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -257,13 +273,14 @@ class WebGate:
     def __init__(self, path: Path | None) -> None:
         self._path = path
         self._lock = threading.Lock()
-        self._verified: dict[tuple[str, bytes], bool] = {}
+        # Checked credentials: a hash of (user, password, the user's bcrypt hash) -> allowed. Kept across
+        # reloads (a changed password changes the key), so a reload does not send every scraper to bcrypt.
+        self._checked: OrderedDict[bytes, bool] = OrderedDict()
+        self._refusals = _RefusalLog()
         self._config = parse(path) if path is not None else WebConfig(tls=None, users={}, headers=())
+        self._dummy = self._dummy_for(self._config)
         self._stamps = self._files_stamp()
         self._tls_context = context(self._config.tls) if self._config.tls is not None else None
-        # bcrypt runs on the HTTP handler threads: at most two at once, so failing logins cannot take
-        # the threads that answer the probes (a success is cached and costs no bcrypt after the first).
-        self._bcrypt_slots = threading.BoundedSemaphore(2)
 
     @property
     def tls(self) -> bool:
@@ -274,10 +291,6 @@ class WebGate:
         with self._lock:
             assert self._tls_context is not None  # noqa: S101 - asked only when TLS is on
             return self._tls_context
-
-    @property
-    def auth(self) -> bool:
-        return bool(self._config.users)
 
     def headers(self) -> tuple[tuple[str, str], ...]:
         return self._config.headers
@@ -301,7 +314,11 @@ class WebGate:
         return tuple(stamps)
 
     def refresh(self) -> None:
-        """Reread the file and the certificates if any changed; a broken change is logged and not taken."""
+        """Reread the file and the certificates if any changed; a broken change is logged and not taken.
+
+        Called once a second: also writes the count of refusals logged in short.
+        """
+        self._refusals.flush()
         stamps = self._files_stamp()
         if stamps == self._stamps or self._path is None:
             return
@@ -313,51 +330,107 @@ class WebGate:
                 return
             # A whole new context: a removed client CA or a changed version takes effect too.
             fresh = context(config.tls) if config.tls is not None else None
+            dummy = self._dummy_for(config)
         except (ConfigError, OSError, ssl.SSLError) as exc:
             log.error(f"web config: the change was refused; the running configuration stays: {exc}")  # noqa: TRY400 - a user's file: no traceback
             return
         with self._lock:
             self._config = config
             self._tls_context = fresh
-            self._verified.clear()
+            self._dummy = dummy
         self._stamps = self._files_stamp()  # the new set of files, if the file now names others
         log.info("web config reloaded", extra={"web_config": str(self._path)})
 
-    def allowed(self, authorization: str | None, peer: str, path: str) -> bool:
-        """Whether a request with this Authorization header may in; a refusal is logged without the secret."""
+    @staticmethod
+    def _dummy_for(config: WebConfig) -> bytes:
+        costs = sorted({_cost(hashed) for hashed in config.users.values()})
+        if len(costs) > 1:
+            log.warning(
+                "web config: basic_auth_users are hashed at different bcrypt costs, so a client can tell them "
+                "apart by the time an answer takes; hash them at one cost",
+                extra={"costs": costs},
+            )
+        return _dummy_hash(costs[-1] if costs else 10)
+
+    def quick(self, authorization: str | None) -> bool | None:
+        """Whether this Authorization header may in, if that is known without bcrypt; None: ``check`` it."""
         users = self._config.users
         if not users:
             return True
         user, password = _basic(authorization)
-        hashed = users.get(user) if user is not None else None
-        # An unknown user costs the same bcrypt as a known one: the answer's time does not say which exist.
-        if password is not None and self._check(user or "", password, hashed or _DUMMY_HASH) and hashed is not None:
-            return True
-        who = "no credentials" if user is None else f"user {user!r}" + ("" if hashed is not None else " (unknown)")
-        log.warning("unauthorized request", extra={"peer": peer, "path": path, "credentials": who})
-        return False
-
-    def _check(self, user: str, password: bytes, hashed: bytes) -> bool:
-        # bcrypt is slow by design (tens of ms): a success is remembered, as exporter-toolkit does, keyed by
-        # a hash of the password so the cache holds no secret.
-        key = (user, hashlib.sha256(password + hashed).digest())
+        if user is None or password is None:
+            return False
         with self._lock:
-            if self._verified.get(key):
-                return True
-        if not self._bcrypt_slots.acquire(blocking=False):
-            return False  # two checks already running: refused (logged by the caller) rather than queued
+            return self._checked.get(self._key(user, password))
+
+    def check(self, authorization: str | None) -> bool:
+        """Whether this Authorization header may in, by bcrypt (tens of milliseconds by design); remembered."""
+        users = self._config.users
+        user, password = _basic(authorization)
+        if not users or user is None or password is None:
+            return not users
+        key = self._key(user, password)
+        hashed = users.get(user)
         try:
-            ok = bcrypt.checkpw(password, hashed)
+            # An unknown user costs the same bcrypt as a known one: the answer's time does not say which exist.
+            ok = bcrypt.checkpw(password, hashed or self._dummy) and hashed is not None
         except ValueError:  # e.g. a password over bcrypt's 72 bytes: a failed login, not a 500
             ok = False
-        finally:
-            self._bcrypt_slots.release()
-        if ok:
-            with self._lock:
-                if len(self._verified) >= _CACHE_SIZE:
-                    self._verified.clear()
-                self._verified[key] = True
+        with self._lock:
+            self._checked[key] = ok
+            self._checked.move_to_end(key)
+            while len(self._checked) > _CACHE_SIZE:
+                self._checked.popitem(last=False)
         return ok
+
+    def refused(self, authorization: str | None, peer: str, path: str) -> None:
+        """Log a refused request without its secret: the first of a window in full, the rest counted."""
+        user, _ = _basic(authorization)
+        known = user is not None and user in self._config.users
+        who = "no credentials" if user is None else f"user {user!r}" + ("" if known else " (unknown)")
+        self._refusals.add(peer=peer, path=path, credentials=who)
+
+    def close(self) -> None:
+        """The refusals still only counted, logged: at a stop they would be lost."""
+        self._refusals.flush(final=True)
+
+    def _key(self, user: str, password: bytes) -> bytes:
+        """The cache key: a hash, so the cache holds no secret; with the user's hash, so a new password misses."""
+        hashed = self._config.users.get(user, b"")
+        return hashlib.sha256(b"\0".join((user.encode(), password, hashed))).digest()
+
+
+class _RefusalLog:
+    """Refused requests in the log: the first of each window in full, then one line with the count."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._window_ends = 0.0
+        self._held: Counter[tuple[str, str]] = Counter()
+
+    def add(self, *, peer: str, path: str, credentials: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now < self._window_ends:
+                self._held[(peer, credentials)] += 1
+                return
+        self.flush()
+        with self._lock:
+            self._window_ends = now + _REFUSAL_LOG_WINDOW_S
+        log.warning("unauthorized request", extra={"peer": peer, "path": path, "credentials": credentials})
+
+    def flush(self, *, final: bool = False) -> None:
+        """The count held since the window's first line, once the window is over (or now, if ``final``)."""
+        with self._lock:
+            if not self._held or (time.monotonic() < self._window_ends and not final):
+                return
+            held, self._held = self._held, Counter()
+        peers = sorted({peer for peer, _ in held})
+        named = ", ".join(peers[:_PEERS_NAMED]) + (" …" if len(peers) > _PEERS_NAMED else "")
+        log.warning(
+            f"{sum(held.values())} more unauthorized requests in {_REFUSAL_LOG_WINDOW_S:.0f} s",
+            extra={"peers": named, "sources": len(held)},
+        )
 
 
 def _basic(authorization: str | None) -> tuple[str | None, bytes | None]:

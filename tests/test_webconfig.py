@@ -23,7 +23,7 @@ from monitor.model import ServiceState
 from monitor.server import Lifecycle, MetricsServer
 from monitor.webconfig import WebGate, parse
 from tests.conftest import tool
-from tests.service import RunningService, fake_config, started_server
+from tests.service import RunningService, fake_config, http_get, started_server
 from tests.test_deploy_container import run_healthcheck
 
 PASSWORD = "s3cret-for-tests"  # noqa: S105 - a test credential, hashed at run time
@@ -337,3 +337,63 @@ def test_a_certbot_renewal_switching_the_live_symlink_is_served(pki: Path, tmp_p
             time.sleep(0.2)
     finally:
         server.stop()
+
+
+def test_a_valid_scraper_is_served_through_a_flood_of_wrong_passwords(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 18 #2: with 8 connections sending wrong passwords, only two bcrypt checks could run and a third
+    was refused with 401: a scraper not yet remembered got 401 on every scrape; each try logged a line."""
+    cost10 = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()  # the usual cost: ~0.1 s a check
+    config = write_config(tmp_path, f'basic_auth_users: {{prometheus: "{cost10}"}}\n')
+    server = serve(WebGate(config))
+    host, port = server.address
+    stop = threading.Event()
+    tries = [0] * 8
+
+    def attack(index: int) -> None:
+        connection = http.client.HTTPConnection(host, port, timeout=30)
+        while not stop.is_set():
+            connection.request(
+                "GET", "/metrics", headers={"Authorization": basic("prometheus", f"guess-{tries[index]}")}
+            )
+            connection.getresponse().read()
+            tries[index] += 1
+        connection.close()
+
+    attackers = [threading.Thread(target=attack, args=(i,)) for i in range(8)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.webconfig"):
+            for thread in attackers:
+                thread.start()
+            time.sleep(1)
+            answers = []
+            for attempt in range(6):  # a fresh scraper each time, and after a reload of the file
+                if attempt == 3:
+                    config.write_text(config.read_text() + "# touched\n")
+                    time.sleep(2.5)
+                answers.append(
+                    http_get(f"http://{host}:{port}/metrics", {"Authorization": basic("prometheus", PASSWORD)})[0]
+                )
+            stop.set()
+            for thread in attackers:
+                thread.join(30)
+    finally:
+        stop.set()
+        server.stop()
+    assert answers == [200] * 6
+    assert sum(tries) > 30  # the flood ran: each wrong guess cost a check
+    lines = [r for r in caplog.records if "unauthorized" in r.getMessage()]
+    assert len(lines) <= 4, [r.getMessage() for r in lines]  # a line, then counts, per 10 s
+    assert any("more unauthorized requests" in r.getMessage() for r in lines)
+
+
+def test_unknown_users_cost_what_the_configured_users_cost(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 18 #11: a user hashed at cost 12 answered in 333 ms, unknown users in 86 ms (cost 10): who exists
+    could be told by timing. The stand-in hash now has the users' cost; mixed costs are warned about."""
+    cost12 = bcrypt.hashpw(b"x", bcrypt.gensalt(rounds=12)).decode()
+    gate = WebGate(write_config(tmp_path, f'basic_auth_users: {{a: "{cost12}"}}\n'))
+    assert gate._dummy.startswith(b"$2b$12$")
+    with caplog.at_level(logging.WARNING):
+        WebGate(write_config(tmp_path, f'basic_auth_users: {{a: "{cost12}", b: "{hashed()}"}}\n'))
+    assert "different bcrypt costs" in caplog.text
