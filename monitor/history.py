@@ -8,15 +8,19 @@ their original timestamps and the counters go on from where they were.
 
 A file that is not this history (corrupt, foreign, from a newer schema) is moved aside with a
 timestamp and a new one started; a write that fails (a full disk) is logged and the service goes on
-serving from memory. Neither stops the service.
+serving from memory. Neither stops the service. The file is also checked before each write: one
+replaced, removed, truncated or overwritten while the service runs is said in the log, moved aside,
+and the history the service still holds open is written to a new file at the path.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
+import shutil
 import sqlite3
 import threading
 import time
@@ -33,6 +37,7 @@ FILE_NAME = "history.sqlite3"
 # PRAGMA application_id marks the file as this program's ("XMON"); user_version is the schema's version.
 APPLICATION_ID = 0x584D4F4E
 SCHEMA_VERSION = 1
+_SQLITE_HEADER = b"SQLite format 3\x00"
 _SCHEMA = """
 CREATE TABLE runs (
     id INTEGER PRIMARY KEY,
@@ -89,6 +94,7 @@ class RunHistory:
         self._keep_runs = keep_runs
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._identity = _identity(path)  # the file this connection has open, to tell a replaced one
 
     @classmethod
     def open(cls, directory: Path, keep_runs: int) -> RunHistory:
@@ -100,21 +106,58 @@ class RunHistory:
         path = directory / FILE_NAME
         problem = _problem_with(path)
         if problem is not None:
-            aside = path.with_name(f"{FILE_NAME}.bad-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
-            for suffix in ("", "-wal", "-shm"):
-                try:
-                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:  # a read-only directory, say: run without a history, say why
-                    raise HistoryUnavailable(f"{path} {problem}, and it cannot be moved aside: {exc}") from None
+            aside = _move_aside(path, problem)
             log.warning(f"run history: {path} {problem}; moved it to {aside.name} and started a new history")
         try:
             history = cls(path, keep_runs)
             history._prepare()
         except sqlite3.Error as exc:
             raise HistoryUnavailable(f"cannot open {path}: {exc}") from None
+        history._identity = _identity(path)
         return history
+
+    def _still_ours(self) -> str | None:
+        """Why the file at the path is no longer the one this history writes (None: it is). Under the lock."""
+        now = _identity(self.path)
+        if now is None:
+            return "was removed" if not self.path.exists() and not self.path.is_symlink() else "is not a file any more"
+        if now != self._identity:
+            return "was replaced by another file"
+        # The file's own first bytes: a reader would see the pages still in the WAL and miss an overwrite.
+        try:
+            with self.path.open("rb") as file:
+                header = file.read(len(_SQLITE_HEADER))
+        except OSError as exc:
+            return f"cannot be read ({exc.strerror or exc})"
+        if header != _SQLITE_HEADER:
+            return "was changed by something else: it " + ("is empty (truncated)" if not header else "was overwritten")
+        problem = _problem_with(self.path, ours=True)
+        return None if problem is None else f"was changed by something else: it {problem}"
+
+    def _recover(self, problem: str) -> None:
+        """A new file at the path with the history this connection still holds (it has the old file open)."""
+        aside = None
+        if self.path.exists() or self.path.is_symlink():
+            try:
+                aside = _move_aside(self.path, problem)
+            except HistoryUnavailable as exc:
+                log.error(f"run history: {exc}; runs are not recorded until it is fixed")  # noqa: TRY400 - no traceback
+                return
+        fresh = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        try:
+            self._db.backup(fresh)
+            kept = "the history held open"
+        except sqlite3.Error as exc:  # overwritten in place: what was open is damaged too
+            fresh.close()
+            Path(self.path).unlink(missing_ok=True)
+            fresh = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+            kept = f"a new history (the one held open could not be read: {exc})"
+        self._db.close()
+        self._db = fresh
+        self._prepare()
+        self._identity = _identity(self.path)
+        where = f"; moved what is there to {aside.name}" if aside is not None else ""
+        log.warning(f"run history: {self.path} {problem} while the service ran{where}; wrote {kept} to {self.path}")
 
     def _prepare(self) -> None:
         db = self._db
@@ -162,6 +205,9 @@ class RunHistory:
         row = _run_row(kind, outcome, now, reason)
         try:
             with self._lock:
+                problem = self._still_ours()
+                if problem is not None:
+                    self._recover(problem)
                 db = self._db
                 db.execute("BEGIN IMMEDIATE")
                 try:
@@ -176,10 +222,11 @@ class RunHistory:
                     )
                     db.execute("COMMIT")
                 except BaseException:
-                    db.execute("ROLLBACK")
+                    if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                        db.execute("ROLLBACK")
                     raise
-        except sqlite3.Error as exc:  # a full disk, say: the service goes on from memory
-            log.error(f"run history: could not record the {kind} in {self.path}: {exc}")  # noqa: TRY400 - no traceback for a full disk
+        except (sqlite3.Error, OSError) as exc:  # a full disk, say: the service goes on from memory
+            log.error(f"run history: could not record the {kind} in {self.path}: {_why(exc, self.path)}")  # noqa: TRY400 - no traceback for a full disk
             return False
         return True
 
@@ -223,8 +270,48 @@ def _recent(db: sqlite3.Connection, limit: int) -> list[Run]:
     ]
 
 
-def _problem_with(path: Path) -> str | None:
-    """Why the file at ``path`` is not a usable history of this program, or None (also when it does not exist)."""
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the regular file at ``path``, or None if there is none."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino) if path.is_file() else None
+
+
+def _move_aside(path: Path, problem: str) -> Path:
+    """``path`` and its WAL files renamed with a timestamp; HistoryUnavailable if that cannot be done."""
+    aside = path.with_name(f"{FILE_NAME}.bad-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # a read-only directory, say: run without a history, say why
+            raise HistoryUnavailable(f"{path} {problem}, and it cannot be moved aside: {exc}") from None
+    return aside
+
+
+def _why(exc: Exception, path: Path) -> str:
+    """What a failed write means for the operator: a full disk named as such, with the room left."""
+    full = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or getattr(exc, "errno", None) == errno.ENOSPC
+    if not full:
+        return str(exc)
+    try:
+        free = f"{shutil.disk_usage(path.parent).free // 1024} KiB free"
+    except OSError:
+        free = "free space unknown"
+    return (
+        f"the filesystem holding it is full ({free}); the service goes on serving from memory and records "
+        "again once there is room"
+    )
+
+
+def _problem_with(path: Path, *, ours: bool = False) -> str | None:
+    """Why the file at ``path`` is not a usable history of this program, or None (also when it does not exist).
+
+    ``ours``: the file must carry this program's mark (one it made), where an empty file would otherwise do.
+    """
     if not path.exists():
         return None
     try:
@@ -232,8 +319,8 @@ def _problem_with(path: Path) -> str | None:
             application_id = db.execute("PRAGMA application_id").fetchone()[0]
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if application_id != APPLICATION_ID and (tables or version):
-                return "is another program's database"
+            if application_id != APPLICATION_ID and (tables or version or ours):
+                return "is another program's database" if tables or version else "is empty (truncated)"
             if version > SCHEMA_VERSION:
                 return f"has schema version {version}, newer than this program's {SCHEMA_VERSION}"
             check = db.execute("PRAGMA quick_check").fetchone()[0]

@@ -146,6 +146,8 @@ def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
             written = [history.record("sweep", FAILED, served_after(SUCCESS, FAILED), "torch") for _ in range(50)]
         assert not all(written)
         assert "could not record the sweep" in caplog.text
+        assert "the filesystem holding it is full" in caplog.text  # issue 18 #10: once "cannot rollback ..."
+        assert "cannot rollback" not in caplog.text
         restored = history.restore()
         assert restored is not None
         assert restored[0].latest == SNAPSHOT  # never half a run: what was committed is intact
@@ -211,3 +213,55 @@ def test_history_command_prints_the_runs_and_names_a_missing_history(tmp_path: P
     assert missing.returncode == 1
     assert "no run history at" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def _overwrite(path: Path) -> None:
+    path.write_bytes(b"not a database at all " * 300)
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, 0)
+
+
+def _rename_over(path: Path) -> None:
+    other = path.with_name("other.sqlite3")
+    sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+    other.replace(path)
+
+
+def _directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+@pytest.mark.parametrize(
+    ("damage", "said", "runs_kept"),
+    [
+        (_overwrite, "was changed by something else", 1),
+        (_truncate, "was changed by something else: it is empty", 1),
+        (_rename_over, "was replaced by another file", 2),
+        (_directory, "is not a file any more", 2),
+        (lambda path: path.unlink(), "was removed", 2),
+    ],
+    ids=["garbage", "truncated", "renamed-over", "directory", "removed"],
+)
+def test_a_history_file_replaced_while_running_is_said_and_the_runs_land_at_the_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, said: str, runs_kept: int
+) -> None:
+    """Issue 18 #9: replaced while the service ran, nothing was logged and later runs went to the old file."""
+    path = tmp_path / FILE_NAME
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    damage(path)  # type: ignore[operator]
+    with caplog.at_level(logging.WARNING):
+        assert history.record("sweep", FAILED, served_after(SUCCESS, FAILED), "torch")
+    assert said in caplog.text
+    assert "while the service ran" in caplog.text
+    history.close()
+    runs = read_recent(tmp_path, 5)  # what an operator reads at the path
+    assert [r.result for r in runs][: min(runs_kept, 2)] == ["failed", "success"][:runs_kept]
+    assert len(runs) >= runs_kept
+    reopened = RunHistory.open(tmp_path, keep_runs=10).restore()
+    assert reopened is not None
+    assert reopened[0].last_outcome is not None
+    assert reopened[0].last_outcome.result is SweepResult.FAILED
