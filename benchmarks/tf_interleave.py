@@ -1,0 +1,108 @@
+"""Does what runs beside a TensorFlow GPU timing slow it at a dispatch-bound size? (issue 17, n = 1024)
+
+A separate TensorFlow loop, not the service's code: GPU compute blocks (``tf.matmul`` back to back for
+at least 25 ms, ended by ``sync_devices``) at one size, in rounds of three conditions taken in turn:
+
+- ``alone``: nothing else;
+- ``after_cpu``: each GPU block right after a CPU matmul block of the same size on the intra-op pool
+  (what the service's paired visits do: Eigen's threads spin for a while after their work);
+- ``nvml``: an NVML thread listing the GPU's processes once a second meanwhile (gpu_proof.py's sampler).
+
+Prints one JSON line: the median per-call time of each condition, and of each round.
+
+    python benchmarks/tf_interleave.py --size 1024 --threads 15 --rounds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+BLOCK_S = 25e-3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--blocks", type=int, default=15)
+    args = parser.parse_args()
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, enable=True)
+    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tf.config.experimental.enable_tensor_float_32_execution(enabled=False)
+    rng = np.random.default_rng(args.size)
+    host = [rng.random((args.size, args.size), dtype=np.float32) for _ in range(2)]
+    with tf.device("/GPU:0"):
+        ga, gb = (tf.constant(x) for x in host)
+    with tf.device("/CPU:0"):
+        ca, cb = (tf.constant(x) for x in host)
+
+    def gpu_block(calls: int) -> float:
+        started = time.perf_counter()
+        with tf.device("/GPU:0"):
+            for _ in range(calls):
+                tf.matmul(ga, gb)
+        tf.test.experimental.sync_devices()
+        return (time.perf_counter() - started) / calls
+
+    def cpu_block() -> None:
+        started = time.perf_counter()
+        with tf.device("/CPU:0"):
+            while time.perf_counter() - started < BLOCK_S:
+                tf.matmul(ca, cb).numpy()
+
+    gpu_block(5)
+    cpu_block()
+    calls = max(1, round(BLOCK_S / gpu_block(20)))
+    import pynvml  # noqa: PLC0415 - on the GPU machine only
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    rounds: dict[str, list[float]] = {"alone": [], "after_cpu": [], "nvml": []}
+    every: dict[str, list[float]] = {name: [] for name in rounds}
+    for _ in range(args.rounds):
+        for name in rounds:
+            stop = threading.Event()
+            poller = None
+            if name == "nvml":
+
+                def poll() -> None:
+                    while not stop.is_set():
+                        pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                        stop.wait(1.0)
+
+                poller = threading.Thread(target=poll, daemon=True)
+                poller.start()
+            blocks = []
+            for _ in range(args.blocks):
+                if name == "after_cpu":
+                    cpu_block()
+                blocks.append(gpu_block(calls))
+            stop.set()
+            if poller is not None:
+                poller.join()
+            rounds[name].append(statistics.median(blocks))
+            every[name] += blocks
+    print(
+        json.dumps(
+            {
+                "size": args.size,
+                "calls_per_block": calls,
+                "median_us": {k: round(statistics.median(v) * 1e6, 2) for k, v in every.items()},
+                "rounds_us": {k: [round(x * 1e6, 2) for x in v] for k, v in rounds.items()},
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
