@@ -27,6 +27,33 @@ import tensorflow as tf
 BLOCK_S = 25e-3
 
 
+class NvmlPoller:
+    """While active, the GPU's process list read once a second on a thread of its own."""
+
+    def __init__(self, *, active: bool) -> None:
+        self._active = active
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import pynvml  # noqa: PLC0415 - on the GPU machine only
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        while not self._stop.is_set():
+            pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            self._stop.wait(1.0)
+
+    def __enter__(self) -> None:
+        if self._active:
+            self._thread.start()
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._active:
+            self._thread.join()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
@@ -63,34 +90,15 @@ def main() -> None:
     gpu_block(5)
     cpu_block()
     calls = max(1, round(BLOCK_S / gpu_block(20)))
-    import pynvml  # noqa: PLC0415 - on the GPU machine only
-
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     rounds: dict[str, list[float]] = {"alone": [], "after_cpu": [], "nvml": []}
     every: dict[str, list[float]] = {name: [] for name in rounds}
     for _ in range(args.rounds):
-        for name in rounds:
-            stop = threading.Event()
-            poller = None
-            if name == "nvml":
-
-                def poll() -> None:
-                    while not stop.is_set():
-                        pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                        stop.wait(1.0)
-
-                poller = threading.Thread(target=poll, daemon=True)
-                poller.start()
-            blocks = []
-            for _ in range(args.blocks):
-                if name == "after_cpu":
-                    cpu_block()
-                blocks.append(gpu_block(calls))
-            stop.set()
-            if poller is not None:
-                poller.join()
-            rounds[name].append(statistics.median(blocks))
+        for name, medians in rounds.items():
+            with NvmlPoller(active=name == "nvml"):
+                blocks = [
+                    (cpu_block() if name == "after_cpu" else None, gpu_block(calls))[1] for _ in range(args.blocks)
+                ]
+            medians.append(statistics.median(blocks))
             every[name] += blocks
     print(
         json.dumps(
