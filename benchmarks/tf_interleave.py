@@ -73,7 +73,9 @@ def main() -> None:
     with tf.device("/CPU:0"):
         ca, cb = (tf.constant(x) for x in host)
 
-    def gpu_block(calls: int) -> float:
+    def gpu_block(calls: int, *, cpu_first: bool = False) -> float:
+        if cpu_first:
+            cpu_block()
         started = time.perf_counter()
         with tf.device("/GPU:0"):
             for _ in range(calls):
@@ -81,7 +83,7 @@ def main() -> None:
         tf.test.experimental.sync_devices()
         return (time.perf_counter() - started) / calls
 
-    def cpu_block() -> None:
+    def cpu_block() -> None:  # defined before its first call below
         started = time.perf_counter()
         with tf.device("/CPU:0"):
             while time.perf_counter() - started < BLOCK_S:
@@ -95,9 +97,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, medians in rounds.items():
             with NvmlPoller(active=name == "nvml"):
-                blocks = [
-                    (cpu_block() if name == "after_cpu" else None, gpu_block(calls))[1] for _ in range(args.blocks)
-                ]
+                blocks = [gpu_block(calls, cpu_first=name == "after_cpu") for _ in range(args.blocks)]
             medians.append(statistics.median(blocks))
             every[name] += blocks
     print(
