@@ -45,7 +45,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = """
-schedule: {{interval: 3s}}
+schedule: {{interval: {interval}}}
 benchmark:
   backend: "tests.fakes:curve"
   sizes: [16, 32, 64, 128]
@@ -63,11 +63,19 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, checkout: Path, scratch: Path, *, history: bool = False, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        checkout: Path,
+        scratch: Path,
+        *,
+        history: bool = False,
+        extra: tuple[str, ...] = (),
+        interval: str = "3s",
+    ) -> None:
         self.port = free_port()
         self.config = scratch / "config.yaml"
         state = f"history: {{directory: {scratch / 'state'}}}" if history else ""
-        self.config.write_text(CONFIG.format(history=state))
+        self.config.write_text(CONFIG.format(history=state, interval=interval))
         self.log = scratch / f"service-{time.monotonic_ns()}.log"
         self.command = [
             sys.executable, "-m", "monitor", "run", "--config", str(self.config),

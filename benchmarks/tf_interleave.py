@@ -83,7 +83,7 @@ def main() -> None:
         tf.test.experimental.sync_devices()
         return (time.perf_counter() - started) / calls
 
-    def cpu_block() -> None:  # defined before its first call below
+    def cpu_block() -> None:
         started = time.perf_counter()
         with tf.device("/CPU:0"):
             while time.perf_counter() - started < BLOCK_S:

@@ -42,7 +42,9 @@ import h11
 
 log = logging.getLogger(__name__)
 
-_READ_CHUNK = 65536
+# Reads and the reader's buffer: small, so a client pipelining requests it never reads the answers to holds
+# little here (a request head may span several reads; h11 bounds it at max_header_bytes).
+_READ_CHUNK = 16384
 # Smaller bodies are not worth compressing (a probe's "ok"): gzip would only add bytes and CPU.
 _GZIP_MIN_BYTES = 1024
 # An answer is written this much at a time, each piece once the one before has left (see set_write_buffer_limits).
@@ -156,6 +158,7 @@ class HttpServer:
                     # Also how many connections asyncio accepts per loop turn: 128 lets admission evict
                     # between bursts, so a flood of connections cannot take every file descriptor at once.
                     backlog=128,
+                    limit=_READ_CHUNK,
                 )
             )
         except OSError:
@@ -421,15 +424,19 @@ class HttpServer:
         ]
         if not self._server.is_serving():
             headers.append(("Connection", "close"))
-        out = protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        pieces: list[bytes | memoryview] = [
+            protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        ]
         if not head and response.body:
-            out += protocol.send(h11.Data(data=response.body)) or b""
-        out += protocol.send(h11.EndOfMessage()) or b""
-        writer, view = connection.writer, memoryview(out)
+            # The body as it is (often the cached /metrics, shared by every scraper), in pieces: no copy of it.
+            body = memoryview(b"".join(protocol.send_with_data_passthrough(h11.Data(data=response.body)) or []))
+            pieces += [body[start : start + _WRITE_PIECE] for start in range(0, len(body), _WRITE_PIECE)]
+        pieces.append(protocol.send(h11.EndOfMessage()) or b"")
+        writer = connection.writer
         deadline = self._loop.time() + self._limits.write_timeout_s
         try:
-            for start in range(0, len(view), _WRITE_PIECE):
-                writer.write(view[start : start + _WRITE_PIECE])
+            for piece in pieces:
+                writer.write(piece)
                 if writer.transport.get_write_buffer_size() > 0:
                     connection.stalled_since = self._loop.time()  # evictable once this has lasted (see _admit)
                 await asyncio.wait_for(writer.drain(), max(0.0, deadline - self._loop.time()))
