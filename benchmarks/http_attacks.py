@@ -1,0 +1,399 @@
+"""The service under attack (issue 18): each attack against the real service while a normal client scrapes.
+
+Runs ``python -m monitor run`` from a checkout (the fake ``curve`` backend, as ``http_surface.py``
+does) and, for each attack, scrapes /metrics every 0.1 s from a thread of its own on a new connection
+each time: that scraper's errors and p99 during the attack, and the service's RSS before, at its peak
+during, and 5 s after, are recorded beside what the attack itself was answered.
+
+1. ``signals``: SIGHUP sent in a tight loop for 3 s (2,000 at a time), then one more with a changed
+   configuration (was it reloaded?) and SIGTERM (how long until it exited);
+2. ``passwords``: 8 connections sending wrong passwords for 12 s; a second in, a scraper with the right
+   password begins (a new connection each time), and 5 s later the web config file is touched (a
+   reload); the log lines about refusals;
+3. ``accept``: 20,000 scrapes each with a different ``Accept: application/openmetrics-text; version=1.k.i``,
+   then ``version=abc`` and ``version=1.1.\\xff`` (status, tracebacks logged);
+4. ``readers``: 260 connections with small receive buffers, each pipelining 1,500 GETs and never reading;
+5. ``smuggle``: Content-Length and Transfer-Encoding together with a second request in the body;
+6. ``sweeps``: 8 simultaneous ``POST /-/sweep`` while idle (``--web.enable-lifecycle``): how many 202s,
+   how many sweeps began;
+7. ``certbot``: TLS from ``live/cert.pem``, a symlink switched to a new archive file: seconds until new
+   connections get the new certificate.
+
+``--checkout DIR`` runs another checkout (a git worktree of an earlier commit) for the "before" figures::
+
+    python benchmarks/http_attacks.py --out benchmarks/results/http-attacks.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from http_surface import REPO, Service, percentile, scratch_dir
+
+PASSWORD = b"bench"  # a benchmark's credential, hashed at run time
+
+
+def rss_mib(service: Service) -> float:
+    status = Path(f"/proc/{service.process.pid}/status").read_text().splitlines()
+    return int(next(line.split()[1] for line in status if line.startswith("VmRSS:"))) / 1024
+
+
+class Scraper(threading.Thread):
+    """/metrics every 0.1 s on a new connection; latencies, errors and the service's peak RSS meanwhile."""
+
+    def __init__(self, service: Service, headers: dict[str, str] | None = None, *, tls: ssl.SSLContext | None = None):
+        super().__init__(daemon=True)
+        self._service, self._headers, self._tls = service, headers or {}, tls
+        self.latencies: list[float] = []
+        self.errors: list[str] = []
+        self.peak_rss = 0.0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            began = time.monotonic()
+            try:
+                if self._tls is None:
+                    connection = http.client.HTTPConnection("127.0.0.1", self._service.port, timeout=10)
+                else:
+                    connection = http.client.HTTPSConnection(
+                        "127.0.0.1", self._service.port, timeout=10, context=self._tls
+                    )
+                connection.request("GET", "/metrics", headers=self._headers)
+                status = connection.getresponse().status
+                connection.close()
+                if status != 200:
+                    self.errors.append(str(status))
+            except OSError as exc:
+                self.errors.append(type(exc).__name__)
+            self.latencies.append(time.monotonic() - began)
+            with contextlib.suppress(OSError, StopIteration):
+                self.peak_rss = max(self.peak_rss, rss_mib(self._service))
+            self._done.wait(0.1)
+
+    def result(self) -> dict[str, Any]:
+        self._done.set()
+        self.join(15)
+        return {
+            "scrapes": len(self.latencies),
+            "errors": len(self.errors),
+            "error_kinds": sorted(set(self.errors)),
+            "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 1) if self.latencies else None,
+            "peak_rss_mib": round(self.peak_rss, 1),
+        }
+
+
+@contextlib.contextmanager
+def watched(service: Service, row: dict[str, Any], headers: dict[str, str] | None = None) -> Iterator[None]:
+    """The scraper and the RSS around an attack, written into ``row``."""
+    row["rss_before_mib"] = round(rss_mib(service), 1)
+    scraper = Scraper(service, headers)
+    scraper.start()
+    try:
+        yield
+    finally:
+        row["scraper_during"] = scraper.result()
+        time.sleep(5)
+        if service.process.poll() is None:
+            row["rss_after_mib"] = round(rss_mib(service), 1)
+
+
+def signals(service: Service) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    storm = (
+        "import os, sys, time\n"
+        "pid, end, sent = int(sys.argv[1]), time.monotonic() + 3, 0\n"
+        "while time.monotonic() < end:\n"
+        "    for _ in range(2000):\n"
+        "        os.kill(pid, 1)\n"
+        "    sent += 2000\n"
+        "print(sent)\n"
+    )
+    with watched(service, row):
+        sent = subprocess.run(
+            [sys.executable, "-c", storm, str(service.process.pid)], capture_output=True, text=True, check=False
+        )
+        row["sighups_sent"] = int(sent.stdout or 0)
+        time.sleep(2)
+    if service.process.poll() is not None:
+        row["exited_during_storm"] = service.process.returncode
+        row["log_tail"] = service.log.read_text()[-600:]
+        return row
+    before = service.log.read_text().count("configuration reloaded")
+    service.config.write_text(service.config.read_text().replace("[16, 32, 64, 128]", "[16, 32]"))
+    service.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and service.log.read_text().count("configuration reloaded") == before:
+        time.sleep(0.1)
+    row["reloaded_after_storm"] = service.log.read_text().count("configuration reloaded") > before
+    began = time.monotonic()
+    service.process.send_signal(signal.SIGTERM)
+    try:
+        service.process.wait(15)
+        row["sigterm_exit_s"] = round(time.monotonic() - began, 2)
+    except subprocess.TimeoutExpired:
+        row["sigterm_exit_s"] = "not within 15 s (killed)"
+    return row
+
+
+def _basic(password: bytes) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(b"bench:" + password).decode()}
+
+
+def passwords(service: Service) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    stop = threading.Event()
+    tries = [0] * 8
+
+    def attack(index: int) -> None:
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
+        while not stop.is_set():
+            try:
+                connection.request("GET", "/metrics", headers=_basic(b"guess-%d" % tries[index]))
+                connection.getresponse().read()
+            except OSError:
+                connection.close()
+                connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=30)
+            tries[index] += 1
+        connection.close()
+
+    lines_before = service.log.read_text().count("unauthorized")
+    attackers = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(8)]
+    for thread in attackers:
+        thread.start()
+    time.sleep(1)  # the flood first: the scraper's password is not yet remembered when it begins
+    with watched(service, row, _basic(PASSWORD)):
+        time.sleep(5)
+        web = Path(service.command[service.command.index("--web.config.file") + 1])
+        web.write_text(web.read_text() + "# touched: reloaded\n")  # a reload of the file mid-flood
+        time.sleep(6)
+        stop.set()
+        for thread in attackers:
+            thread.join(30)
+    row["wrong_tries_per_s"] = round(sum(tries) / 12, 1)
+    row["refusal_log_lines"] = service.log.read_text().count("unauthorized") - lines_before
+    return row
+
+
+def _scrape(service: Service, headers: dict[str, str]) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+    try:
+        connection.request("GET", "/metrics", headers=headers)
+        response = connection.getresponse()
+        response.read()
+    except OSError:
+        return -1
+    else:
+        return response.status
+    finally:
+        connection.close()
+
+
+def accept(service: Service, count: int = 20_000) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    statuses: dict[int, int] = {}
+    with watched(service, row), concurrent.futures.ThreadPoolExecutor(8) as pool:
+        headers = ({"Accept": f"application/openmetrics-text; version=1.{i // 100}.{i % 100}"} for i in range(count))
+        for status in pool.map(lambda h: _scrape(service, h), headers):
+            statuses[status] = statuses.get(status, 0) + 1
+    row["distinct_accept_scrapes"] = {str(k): v for k, v in statuses.items()}
+    tracebacks = service.log.read_text().count("Traceback")
+    row["version_abc"] = _scrape(service, {"Accept": "application/openmetrics-text; version=abc"})
+    row["version_xff"] = _scrape(service, {"Accept": "application/openmetrics-text; version=1.1.\xff"})
+    time.sleep(0.5)
+    row["tracebacks_logged_by_the_two"] = service.log.read_text().count("Traceback") - tracebacks
+    return row
+
+
+def readers(service: Service, connections: int = 260, pipelined: int = 1500) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    greedy: list[socket.socket] = []
+    with watched(service, row):
+        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * pipelined
+        for _ in range(connections):
+            try:
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", service.port))
+                sock.setblocking(False)  # noqa: FBT003 - the socket API
+                with contextlib.suppress(BlockingIOError):
+                    sock.send(request)
+                greedy.append(sock)
+            except OSError:
+                break
+        row["greedy_connections"] = len(greedy)
+        time.sleep(35)  # beyond the 30 s write timeout: what a fresh client met meanwhile
+        row["rss_with_greedy_open_mib"] = round(rss_mib(service), 1)
+        for sock in greedy:
+            sock.close()
+    return row
+
+
+def smuggle(service: Service) -> dict[str, Any]:
+    hidden = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    data = (
+        b"POST /-/reload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n%s"
+        % (5 + len(hidden), hidden)
+    )
+    sock = socket.create_connection(("127.0.0.1", service.port), timeout=3)
+    sock.sendall(data)
+    answer = bytearray()
+    with contextlib.suppress(TimeoutError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    closed = True
+    try:
+        sock.settimeout(0.5)
+        sock.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        closed = sock.recv(100) == b""
+    except OSError:
+        pass
+    sock.close()
+    return {
+        "first_status": answer[:12].decode(errors="replace"),
+        "responses": answer.count(b"HTTP/1.1 "),
+        "connection_closed": closed,
+    }
+
+
+def sweeps(service: Service) -> dict[str, Any]:
+    time.sleep(4)  # the first sweep done: idle
+    before = service.log.read_text().count("manual sweep requested")
+    barrier = threading.Barrier(8)
+
+    def post(_: int) -> int:
+        barrier.wait()
+        connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=10)
+        connection.request("POST", "/-/sweep")
+        status = connection.getresponse().status
+        connection.close()
+        return status
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = sorted(pool.map(post, range(8)))
+    time.sleep(1)
+    accepted = service.log.read_text().count("manual sweep requested") - before
+    return {"answers": answers, "manual_sweeps_accepted_in_log": accepted}
+
+
+def certbot(checkout: Path, scratch: Path) -> dict[str, Any]:
+    archive, live = scratch / "archive", scratch / "live"
+    archive.mkdir()
+    live.mkdir()
+    for number in (1, 2):
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"privkey{number}.pem",
+             "-out", f"cert{number}.pem", "-days", "2", "-subj", f"/CN=renewal-{number}",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            cwd=archive, check=True, capture_output=True,
+        )  # fmt: skip
+    (live / "cert.pem").symlink_to("../archive/cert1.pem")
+    (live / "privkey.pem").symlink_to("../archive/privkey1.pem")
+    web = scratch / "web.yml"
+    web.write_text("tls_server_config: {cert_file: live/cert.pem, key_file: live/privkey.pem}\n")
+    service = Service(checkout, scratch, extra=("--web.config.file", str(web)))
+
+    def served() -> str:
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with context.wrap_socket(socket.create_connection(("127.0.0.1", service.port), timeout=5)) as tls:
+            der = tls.getpeercert(binary_form=True) or b""
+        return "renewal-2" if b"renewal-2" in der else "renewal-1"
+
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError):
+                if served():
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(service.log.read_text()[-2000:])
+            time.sleep(0.2)
+        for link, target in (("privkey.pem", "privkey2.pem"), ("cert.pem", "cert2.pem")):
+            (live / f"{link}.new").symlink_to(f"../archive/{target}")
+            (live / f"{link}.new").replace(live / link)
+        switched = time.monotonic()
+        while served() != "renewal-2" and time.monotonic() - switched < 20:
+            time.sleep(0.1)
+        took = time.monotonic() - switched
+        return {"new_certificate_served_after_s": round(took, 2) if took < 20 else "not within 20 s"}
+    finally:
+        service.stop()
+
+
+def _web_config(scratch: Path) -> Path:
+    import bcrypt  # noqa: PLC0415 - only the password phase needs it
+
+    web = scratch / "web.yml"
+    web.write_text(f"basic_auth_users: {{bench: '{bcrypt.hashpw(PASSWORD, bcrypt.gensalt(rounds=10)).decode()}'}}\n")
+    return web
+
+
+PHASES: dict[str, tuple[Callable[[Service], dict[str, Any]], Callable[[Path], tuple[str, ...]]]] = {
+    "signals": (signals, lambda _: ()),
+    "passwords": (passwords, lambda scratch: ("--web.config.file", str(_web_config(scratch)))),
+    "accept": (accept, lambda _: ()),
+    "readers": (readers, lambda _: ()),
+    "smuggle": (smuggle, lambda _: ("--web.enable-lifecycle",)),
+    "sweeps": (sweeps, lambda _: ("--web.enable-lifecycle",)),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkout", type=Path, default=REPO)
+    parser.add_argument("--phases", default=",".join([*PHASES, "certbot"]))
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    results: dict[str, Any] = {
+        "checkout": str(args.checkout),
+        "commit": subprocess.run(
+            ["git", "-C", str(args.checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, Python {sys.version.split()[0]}",
+    }
+    for name in args.phases.split(","):
+        with scratch_dir() as scratch:
+            if name == "certbot":
+                results[name] = certbot(args.checkout, scratch)
+            else:
+                attack, extra = PHASES[name]
+                # One sweep at start, the next an hour later, where sweeps would hide the attack: the /metrics
+                # cache is emptied by each sweep, and sweep requests are to meet an idle service.
+                interval = "1h" if name in ("sweeps", "accept") else "3s"
+                service = Service(args.checkout, scratch, extra=extra(scratch), interval=interval)
+                try:
+                    service.wait_ready()
+                    results[name] = attack(service)
+                    results[name]["tracebacks_in_log"] = service.log.read_text().count("Traceback")
+                finally:
+                    service.stop()
+        print(name, json.dumps(results[name]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
