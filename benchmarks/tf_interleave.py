@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 import tensorflow as tf
+from tf_peer import configure
 
 BLOCK_S = 25e-3
 
@@ -61,11 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--blocks", type=int, default=15)
     args = parser.parse_args()
-    for gpu in tf.config.list_physical_devices("GPU"):
-        tf.config.experimental.set_memory_growth(gpu, enable=True)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    tf.config.experimental.enable_tensor_float_32_execution(enabled=False)
+    configure(args.threads)
     rng = np.random.default_rng(args.size)
     host = [rng.random((args.size, args.size), dtype=np.float32) for _ in range(2)]
     with tf.device("/GPU:0"):

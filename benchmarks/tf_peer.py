@@ -53,17 +53,22 @@ def time_size(size: int, device: str) -> dict[str, float]:
         return found
 
 
+def configure(threads: int) -> None:
+    """The service's TensorFlow settings: memory growth, intra-op ``threads``, inter-op 2, TF32 off."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, enable=True)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tf.config.experimental.enable_tensor_float_32_execution(enabled=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,2048")
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--device", default="/GPU:0")
     args = parser.parse_args()
-    for gpu in tf.config.list_physical_devices("GPU"):
-        tf.config.experimental.set_memory_growth(gpu, enable=True)
-    tf.config.threading.set_intra_op_parallelism_threads(args.threads)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    tf.config.experimental.enable_tensor_float_32_execution(enabled=False)
+    configure(args.threads)
     results: dict[str, dict[int, float]] = {"compute": {}, "end_to_end": {}}
     for size in map(int, args.sizes.split(",")):
         for mode, seconds in time_size(size, args.device).items():
