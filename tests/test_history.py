@@ -265,3 +265,26 @@ def test_a_history_file_replaced_while_running_is_said_and_the_runs_land_at_the_
     assert reopened is not None
     assert reopened[0].last_outcome is not None
     assert reopened[0].last_outcome.result is SweepResult.FAILED
+
+
+@pytest.mark.slow
+def test_the_running_service_says_when_its_history_file_was_replaced_and_records_at_the_path(
+    tmp_path: Path,
+) -> None:
+    """Issue 18 #9 against the real service: another file renamed over the history while it runs."""
+    state = tmp_path / "state"
+    service = RunningService(tmp_path, fake_config() + f"history: {{directory: {state}}}\n")
+    try:
+        service.wait_for_sweeps("success", 1)
+        other = tmp_path / "other.sqlite3"
+        sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.commit()
+        other.replace(state / FILE_NAME)
+        service.process.send_signal(signal.SIGUSR1)  # a sweep now: its run is the next write
+        service.wait_for_sweeps("success", 2, timeout=30)
+        service.wait_for(lambda: "while the service ran" in service.logs(), 10, "the replacement to be logged")
+    finally:
+        service.stop()
+    assert "was replaced by another file" in service.logs()
+    runs = read_recent(state, 10)  # where the operator looks: both runs, the earlier one kept
+    assert [run.result for run in runs][:2] == ["success", "success"]
+    assert any(p.name.startswith(f"{FILE_NAME}.bad-") for p in state.iterdir())
