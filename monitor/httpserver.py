@@ -424,14 +424,17 @@ class HttpServer:
         ]
         if not self._server.is_serving():
             headers.append(("Connection", "close"))
-        pieces: list[bytes | memoryview] = [
-            protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
-        ]
+        first = protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        pieces: list[bytes | memoryview] = []
         if not head and response.body:
-            # The body as it is (often the cached /metrics, shared by every scraper), in pieces: no copy of it.
+            # The body as it is (often the cached /metrics, shared by every scraper), in pieces: no copy of it
+            # but the first piece, which goes out with the head (a small answer stays one write).
             body = memoryview(b"".join(protocol.send_with_data_passthrough(h11.Data(data=response.body)) or []))
-            pieces += [body[start : start + _WRITE_PIECE] for start in range(0, len(body), _WRITE_PIECE)]
-        pieces.append(protocol.send(h11.EndOfMessage()) or b"")
+            first += body[:_WRITE_PIECE]
+            pieces += [body[start : start + _WRITE_PIECE] for start in range(_WRITE_PIECE, len(body), _WRITE_PIECE)]
+        pieces.insert(0, first)
+        if end := protocol.send(h11.EndOfMessage()):  # chunked framing's last chunk; nothing with Content-Length
+            pieces.append(end)
         writer = connection.writer
         deadline = self._loop.time() + self._limits.write_timeout_s
         try:

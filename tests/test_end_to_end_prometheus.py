@@ -216,7 +216,9 @@ def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Sta
 
     for rule in load_rules():
         stack.query(rule["expr"])  # alerts are quiet on healthy services: evaluating without error is the point
-        if "record" in rule:
+        # A rule over data older than this test (``offset 6h``) cannot record anything here; the promtool
+        # tests (tests/prometheus/) give it that history.
+        if "record" in rule and "offset" not in rule["expr"]:
             record = rule["record"]
             # A rule evaluated between a target's first and second scrape records nothing until the next round.
             wait_until(has_data(record), 5, f"{record} to record something")
