@@ -348,7 +348,7 @@ class Service:
     def request_sweep(self) -> tuple[bool, str]:
         """A sweep now (SIGUSR1, POST /-/sweep), counted and recorded like a scheduled one.
 
-        Refused while one runs or one asked for has not begun yet: each yes is a sweep of its own.
+        Refused while one runs or one asked for has not ended yet: each yes is a sweep of its own.
         """
         with self._manual_lock:
             if self._manual_pending or self._worker_lock.locked():
@@ -365,9 +365,13 @@ class Service:
         return True, "sweep started"
 
     def _manual_sweep(self) -> None:
-        with self._manual_lock:
-            self._manual_pending = False
-        self._sweep()
+        # Pending until the job has ended, not only begun: a second job of the same name accepted while this
+        # one still runs would be skipped by the scheduler (one instance at a time), its flag never cleared.
+        try:
+            self._sweep()
+        finally:
+            with self._manual_lock:
+                self._manual_pending = False
 
     def reload(self) -> bool:
         """Read the configuration again: a valid one takes effect at once, an invalid one is logged and ignored.

@@ -506,7 +506,10 @@ def _plain_error(status: int, message: str) -> bytes:
 def _origin_form(target: str) -> str:
     """A request target as path and query; the absolute form (``GET http://host/metrics``) too (RFC 9112 3.2.2)."""
     if target.startswith(("http://", "https://")):
-        parts = urllib.parse.urlsplit(target)
+        try:
+            parts = urllib.parse.urlsplit(target)
+        except ValueError as exc:  # e.g. "http://[/metrics": h11 lets any visible characters through
+            raise h11.RemoteProtocolError(f"bad request target: {exc}", error_status_hint=400) from None
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return target
 

@@ -361,15 +361,15 @@ class WebGate:
         if user is None or password is None:
             return False
         with self._lock:
-            return self._checked.get(self._key(user, password))
+            return self._checked.get(_key(user, password, users))
 
     def check(self, authorization: str | None) -> bool:
         """Whether this Authorization header may in, by bcrypt (tens of milliseconds by design); remembered."""
-        users = self._config.users
+        users = self._config.users  # one snapshot: a reload meanwhile must not key an old check by a new hash
         user, password = _basic(authorization)
         if not users or user is None or password is None:
             return not users
-        key = self._key(user, password)
+        key = _key(user, password, users)
         hashed = users.get(user)
         try:
             # An unknown user costs the same bcrypt as a known one: the answer's time does not say which exist.
@@ -394,10 +394,10 @@ class WebGate:
         """The refusals still only counted, logged: at a stop they would be lost."""
         self._refusals.flush(final=True)
 
-    def _key(self, user: str, password: bytes) -> bytes:
-        """The cache key: a hash, so the cache holds no secret; with the user's hash, so a new password misses."""
-        hashed = self._config.users.get(user, b"")
-        return hashlib.sha256(b"\0".join((user.encode(), password, hashed))).digest()
+
+def _key(user: str, password: bytes, users: Mapping[str, bytes]) -> bytes:
+    """The cache key: a hash, so the cache holds no secret; with the user's hash, so a new password misses."""
+    return hashlib.sha256(b"\0".join((user.encode(), password, users.get(user, b"")))).digest()
 
 
 class _RefusalLog:

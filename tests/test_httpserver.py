@@ -327,3 +327,13 @@ def test_clients_that_never_read_cannot_keep_others_out(slow: Slow) -> None:
         for sock in greedy:
             sock.close()
         running.stop()
+
+
+def test_a_malformed_absolute_target_is_a_400_not_a_traceback(
+    server: HttpServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``GET http://[/metrics`` passes h11 but not urlsplit: once a dropped connection and a logged traceback."""
+    with caplog.at_level(logging.WARNING):
+        answer = _raw(server, b"GET http://[/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text

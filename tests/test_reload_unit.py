@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from monitor.daemon import Service
 from monitor.errors import ConfigError, Problem
@@ -72,4 +73,29 @@ def test_sweep_requests_before_the_sweep_begins_get_one_yes() -> None:
         answers = [service.request_sweep()[0] for _ in range(8)]
         assert answers == [True] + [False] * 7
     finally:
+        service.stop()
+
+
+def test_a_manual_sweep_refuses_others_until_it_has_ended() -> None:
+    """Cleared only at its start, the flag let a request in while the job still ran; the scheduler then skipped
+    that second job (one instance per name) and the flag stayed set: every later request refused."""
+    service = _service([])
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_sweep() -> None:
+        entered.set()
+        release.wait(10)
+
+    service._sweep = slow_sweep  # type: ignore[method-assign]
+    try:
+        assert service.request_sweep()[0] is True  # accepted; the scheduler is not started, so run it by hand
+        job = threading.Thread(target=service._manual_sweep)
+        job.start()
+        assert entered.wait(5)
+        assert service.request_sweep()[0] is False  # the manual sweep has not ended
+        release.set()
+        job.join(5)
+        assert service.request_sweep()[0] is True
+    finally:
+        release.set()
         service.stop()
