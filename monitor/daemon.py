@@ -115,7 +115,7 @@ class Service:
         # of SIGHUPs), where Event.set() would wait forever for the lock its interrupted caller holds.
         self._inbox: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._manual_lock = threading.Lock()
-        self._manual_pending = False  # a manual sweep accepted and not yet begun: one 202 per sweep
+        self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
         self._reload_lock = threading.Lock()  # SIGHUP and POST /-/reload may come at once
         self._reload_refusal = ""
         gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
