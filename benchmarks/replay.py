@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from monitor import crossover as crossover_module  # noqa: E402
 from monitor.crossover import crossovers  # noqa: E402
-from monitor.model import Crossover, CrossoverKey, CrossoverState, SweepOutcome  # noqa: E402
+from monitor.model import Crossover, CrossoverKey, CrossoverState, Measurement, SweepOutcome  # noqa: E402
 from monitor.report import read_json  # noqa: E402
 from monitor.state import StateStore  # noqa: E402
 
@@ -93,14 +93,18 @@ def at(outcome: SweepOutcome, started: float) -> SweepOutcome:
 
 def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
     """A planted change with a known answer: every size times ``factor``, so the curves, noise and all,
-    move along log n and every n* moves by exactly that factor (sizes rounded to integers)."""
+    move along log n and every n* moves by exactly that factor (sizes rounded to integers).
+
+    Where two sizes round to one (1 and 2 times 0.7 are both 1), the first is kept: two timings of one
+    point would make the sweep unusable, and every crossover would vanish instead of moving.
+    """
     snapshot = outcome.snapshot
     assert snapshot is not None
-    moved = [
-        dataclasses.replace(m, key=dataclasses.replace(m.key, size=max(1, round(m.key.size * factor))))
-        for m in snapshot.measurements
-    ]
-    return dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, measurements=tuple(moved)))
+    moved: dict[object, Measurement] = {}
+    for m in snapshot.measurements:
+        key = dataclasses.replace(m.key, size=max(1, round(m.key.size * factor)))
+        moved.setdefault((key, m.role), dataclasses.replace(m, key=key))
+    return dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, measurements=tuple(moved.values())))
 
 
 def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False) -> list[Served]:

@@ -31,23 +31,59 @@ from monitor.settings import Settings
 log = logging.getLogger("monitor")
 
 
+def _shared_options() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name (as Prometheus exporters take theirs).
+
+    Their defaults are suppressed so that a command's own parser never overwrites a value given
+    before the command's name; ``_with_defaults`` fills in what neither gave.
+    """
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument(
+        "--log.format",
+        "--log-format",
+        dest="log_format",
+        choices=["logfmt", "json", "text"],
+        default=argparse.SUPPRESS,
+        help="log lines as logfmt, JSON objects, or text for a terminal (default: text)",
+    )
+    shared.add_argument(
+        "--log.level",
+        "--log-level",
+        dest="log_level",
+        choices=["debug", "info", "warn", "warning", "error"],
+        default=argparse.SUPPRESS,
+        help="(default: info; warning is warn)",
+    )
+    return shared
+
+
+_SHARED_DEFAULTS = {"log_format": "text", "log_level": "info"}
+
+
 def _parser() -> argparse.ArgumentParser:
+    shared = _shared_options()
     parser = argparse.ArgumentParser(
         prog="crossover-monitor",
         description="Times matrix multiplication on the CPU and every GPU and exports where the GPU starts to win.",
+        parents=[shared],
     )
     parser.add_argument("--version", action="version", version=f"crossover-monitor {__version__}")
-    parser.add_argument(
-        "--log-format", choices=["text", "json"], default="text", help="log line format (default: text)"
-    )
-    parser.add_argument(
-        "--log-level", choices=["debug", "info", "warning", "error"], default="info", help="(default: info)"
-    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = commands.add_parser("run", help="run the service: sweep on a schedule and serve /metrics")
-    run.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
-    run.add_argument("--listen", metavar="HOST:PORT", help="override server.listen")
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help_text, parents=[shared])
+
+    run = command("run", "run the service: sweep on a schedule and serve /metrics")
+    run.add_argument(
+        "--config", "--config.file", metavar="FILE", help="YAML configuration (default: the embedded defaults)"
+    )
+    run.add_argument(
+        "--web.listen-address",
+        "--listen",
+        dest="listen",
+        metavar="[HOST]:PORT",
+        help="override server.listen (:PORT listens on every interface)",
+    )
     run.add_argument(
         "--web.config.file",
         dest="web_config",
@@ -62,21 +98,28 @@ def _parser() -> argparse.ArgumentParser:
         help="serve POST /-/reload and POST /-/sweep (behind basic auth when the web config sets users)",
     )
 
-    once = commands.add_parser("once", help="run one sweep, print the results and exit")
-    once.add_argument("--config", metavar="FILE", help="YAML configuration (default: the embedded defaults)")
+    once = command("once", "run one sweep, print the results and exit")
+    once.add_argument(
+        "--config", "--config.file", metavar="FILE", help="YAML configuration (default: the embedded defaults)"
+    )
     once.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
-    check = commands.add_parser("check-config", help="validate a configuration file and exit")
-    check.add_argument("file", metavar="FILE")
-    commands.add_parser("config-schema", help="print the configuration's JSON Schema (for editors) and exit")
+    check = command("check-config", "validate a configuration file and exit")
+    check.add_argument("file", metavar="FILE", nargs="?", help="the file (or give it with --config)")
+    check.add_argument(
+        "--config", "--config.file", dest="config", metavar="FILE", help="the file, as the other commands take it"
+    )
+    command("config-schema", "print the configuration's JSON Schema (for editors) and exit")
 
-    history = commands.add_parser("history", help="print the recent runs from the run history and exit")
-    history.add_argument("--config", metavar="FILE", help="the service's configuration (for history.directory)")
+    history = command("history", "print the recent runs from the run history and exit")
+    history.add_argument(
+        "--config", "--config.file", metavar="FILE", help="the service's configuration (for history.directory)"
+    )
     history.add_argument("--directory", metavar="DIR", type=Path, help="the history's directory (overrides the config)")
     history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
     history.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    plot = commands.add_parser("plot", help="chart the latest sweep, time against size (needs the plot extra)")
+    plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
     source.add_argument("--from-url", metavar="URL", help="a running service's metrics, e.g. http://HOST:9437/metrics")
@@ -84,8 +127,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    for name, default in _SHARED_DEFAULTS.items():
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    if args.command == "check-config":
+        given = [f for f in (args.file, args.config) if f is not None]
+        if len(given) != 1:
+            parser.error("check-config: give the file once, as FILE or as --config FILE")
+        args.file = args.config = given[0]
+    return args
+
+
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = load_settings(getattr(args, "config", None) or getattr(args, "file", None))
+    settings = load_settings(getattr(args, "config", None))
     if getattr(args, "listen", None) is not None:  # an empty --listen is an error, not the default
         settings = with_listen(settings, args.listen)
     return settings
@@ -166,7 +223,7 @@ def _config_schema() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     configure(args.log_format, args.log_level)
     if args.command == "config-schema":
         return _config_schema()

@@ -50,13 +50,14 @@ _MAX_HOST_NAME = 253
 
 
 def parse_listen(value: object) -> tuple[str, int] | Bad:
-    """``(host, port)`` from ``HOST:PORT`` or ``[V6]:PORT``, or what is wrong with it."""
+    """``(host, port)`` from ``HOST:PORT``, ``[V6]:PORT`` or ``:PORT``, or what is wrong with it."""
     if not isinstance(value, str):
         return Bad(f"must be a string HOST:PORT, got {abridged(value)}")
-    match = re.fullmatch(r"\[([^\]]+)\]:([0-9]{1,5})|([^:\[\]]+):([0-9]{1,5})", value.strip())
+    match = re.fullmatch(r"\[([^\]]+)\]:([0-9]{1,5})|([^:\[\]]*):([0-9]{1,5})", value.strip())
     if match is None:
-        return Bad(f"must be HOST:PORT (an IPv6 address in brackets: [ADDR]:PORT), got {abridged(value)}")
-    host = match.group(1) or match.group(3)
+        return Bad(f"must be HOST:PORT or :PORT (an IPv6 address in brackets: [ADDR]:PORT), got {abridged(value)}")
+    # ":PORT" is every interface, as Prometheus exporters read --web.listen-address.
+    host = match.group(1) or match.group(3) or ServerSettings.host
     port = int(match.group(2) or match.group(4))
     if not 1 <= port <= MAX_PORT:
         return Bad(f"port must be between 1 and {MAX_PORT}, got {port} in {abridged(value)}")
@@ -395,8 +396,9 @@ def _load_yaml(text: str) -> Any:
 
 
 def with_listen(settings: Settings, listen: str) -> Settings:
-    """The settings with ``server.listen`` replaced (the ``--listen`` flag)."""
+    """The settings with ``server.listen`` replaced (the ``--web.listen-address`` flag, alias ``--listen``)."""
     parsed = parse_listen(listen)
     if isinstance(parsed, Bad):
-        raise ConfigError("--listen", [Problem("--listen", parsed.message)])
+        flag = "--web.listen-address (--listen)"
+        raise ConfigError(flag, [Problem(flag, parsed.message)])
     return dataclasses.replace(settings, server=ServerSettings(host=parsed[0], port=parsed[1]))

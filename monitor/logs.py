@@ -1,4 +1,4 @@
-"""Logging set-up: plain key=value lines on a terminal, one JSON object per line when asked."""
+"""Logging set-up: text lines for a terminal, logfmt or one JSON object per line for a log shipper."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Literal
 
-LogFormat = Literal["text", "json"]
+LogFormat = Literal["text", "logfmt", "json"]
 
 # Attributes every LogRecord has; anything else came in through ``extra=`` and is a field.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
@@ -30,6 +30,32 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+def _logfmt_value(value: object) -> str:
+    """A logfmt value: bare when it can be, else quoted with quotes, backslashes and line breaks escaped."""
+    text = str(value)
+    if text and not any(c in text for c in ' ="\\\n\r\t'):
+        return text
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return '"' + escaped.replace("\t", "\\t") + '"'
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``time=… level=info logger=monitor msg="…" key=value``, the format Prometheus and its exporters log in."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = dt.datetime.fromtimestamp(record.created, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+        pairs: dict[str, object] = {
+            "time": when,
+            "level": "warn" if record.levelno == logging.WARNING else record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+            **_fields(record),
+        }
+        if record.exc_info:
+            pairs["exception"] = self.formatException(record.exc_info)
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in pairs.items())
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         body: dict[str, object] = {
@@ -46,9 +72,10 @@ class JsonFormatter(logging.Formatter):
 
 def configure(log_format: LogFormat, level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    formatters = {"json": JsonFormatter, "logfmt": LogfmtFormatter, "text": TextFormatter}
+    handler.setFormatter(formatters[log_format]())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(level.upper())  # WARN is WARNING to the logging module too
     # APScheduler logs every job start at INFO; our own sweep logs say more.
     logging.getLogger("apscheduler").setLevel(max(logging.WARNING, root.level))

@@ -32,7 +32,14 @@ POINT_LABELS = ("backend", "device", "dtype", "mode", "size")
 CROSSOVER_LABELS = ("backend", "gpu", "cpu", "dtype", "mode")
 COST_LABELS = ("backend", "device", "dtype", "mode")
 DEVICE_LABELS = ("backend", "device")
-DEVICE_DETAIL_LABELS = ("compute_capability", "threads")
+# Label name -> the DeviceInfo detail it shows. UUID and pci_bus_id are NVML's, spelled as dcgm-exporter
+# labels its series, so that `on (UUID)` joins a device with that exporter's series for the same GPU.
+DEVICE_DETAIL_LABELS = {
+    "compute_capability": "compute_capability",
+    "threads": "threads",
+    "UUID": "uuid",
+    "pci_bus_id": "pci_bus_id",
+}
 ENVIRONMENT_LABELS = ("framework_version", "cuda_version", "cudnn_version", "tf32", "cpu_threads")
 BUILD_LABELS = ("version", "python_version", "backend", "framework_version")
 
@@ -302,7 +309,7 @@ class StateCollector(Collector):
                     device.device,
                     device.kind,
                     device.name,
-                    *(details.get(k, "") for k in DEVICE_DETAIL_LABELS),
+                    *(details.get(key, "") for key in DEVICE_DETAIL_LABELS.values()),
                 ],
                 {},
             )

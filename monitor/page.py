@@ -64,7 +64,7 @@ def render(
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>crossover-monitor on {_e(socket.gethostname())}</title><style>{_STYLE}</style></head><body>",
         f"<h1>crossover-monitor <small>{_e(version)}</small></h1>",
-        "<nav><a href='/metrics'>/metrics</a><a href='/healthz'>/healthz</a><a href='/readyz'>/readyz</a></nav>",
+        "<nav><a href='/metrics'>/metrics</a><a href='/-/healthy'>/-/healthy</a><a href='/-/ready'>/-/ready</a></nav>",
         "<h2>What it measures</h2><table id='settings'>",
         f"<tr><th>host</th><td>{_e(socket.gethostname())}</td></tr>",
         f"<tr><th>backend</th><td>{_e(bench.backend)}</td></tr>",

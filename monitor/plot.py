@@ -175,7 +175,7 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
             times.append((key, value))
         elif name == DEVICE_INFO:
             kind: DeviceKind = "gpu" if labels.get("kind") == "gpu" else "cpu"
-            details = tuple((k, labels[k]) for k in DEVICE_DETAIL_LABELS if labels.get(k))
+            details = tuple((key, labels[label]) for label, key in DEVICE_DETAIL_LABELS.items() if labels.get(label))
             devices.append(
                 DeviceInfo(
                     backend=labels["backend"], device=labels["device"], kind=kind, name=labels["name"], details=details

@@ -1,4 +1,7 @@
-"""The HTTP endpoints: /metrics, /healthz (alive), /readyz (has results to serve), and the lifecycle API."""
+"""The HTTP endpoints: /metrics, /-/healthy (alive), /-/ready (has results to serve), and the lifecycle API.
+
+/healthz and /readyz answer the same as /-/healthy and /-/ready (Kubernetes' spelling, and this service's first).
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ Probe = Callable[[], tuple[bool, str]]
 
 _INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
 <h1>crossover-monitor</h1>
-<p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a> &middot; <a href="/readyz">/readyz</a></p>
+<p><a href="/metrics">/metrics</a> &middot; <a href="/-/healthy">/-/healthy</a> &middot;
+<a href="/-/ready">/-/ready</a></p>
 </body></html>
 """
 
@@ -33,7 +37,7 @@ class Lifecycle:
 
 # The probes answer without credentials: Kubernetes probes and the image's HEALTHCHECK cannot send them,
 # and they tell only whether the service is alive and ready (and why not).
-_OPEN_PATHS = ("/healthz", "/readyz")
+_OPEN_PATHS = ("/-/healthy", "/-/ready", "/healthz", "/readyz")
 
 
 class MetricsServer:
@@ -58,6 +62,8 @@ class MetricsServer:
         metrics = _MetricsCache(registry, freshness)
         gets: dict[str, Callable[[Request], Response]] = {
             "/metrics": metrics.response,
+            "/-/healthy": lambda _: _probe(healthy),
+            "/-/ready": lambda _: _probe(ready),
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
             "/": lambda _: Response(
@@ -76,7 +82,7 @@ class MetricsServer:
                 return _lifecycle(request, posts.get(path), done=done, refused=refused)
             route = gets.get(path)
             if route is None:
-                return Response(status=404, body=b"not found: try /metrics, /healthz or /readyz\n")
+                return Response(status=404, body=b"not found: try /metrics, /-/healthy or /-/ready\n")
             if request.method not in ("GET", "HEAD"):
                 return Response(status=405, body=b"only GET and HEAD here\n", headers=(("Allow", "GET, HEAD"),))
             return route(request)

@@ -171,3 +171,78 @@ def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) ->
         main(["explode"])
     assert caught.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--log.format", "json", "--log.level", "warn", "config-schema"],
+        ["config-schema", "--log.format", "json", "--log.level", "warn"],
+        ["config-schema", "--log-format=json", "--log-level=warning"],
+    ],
+)
+def test_log_flags_go_before_or_after_the_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--log.level/--log.format (and the older --log-level/--log-format) are taken anywhere on the line."""
+    import logging  # noqa: PLC0415
+
+    assert main(argv) == 0
+    assert "properties" in json.loads(capsys.readouterr().out)
+    root = logging.getLogger()
+    assert root.level == logging.WARNING
+    assert type(root.handlers[0].formatter).__name__ == "JsonFormatter"
+
+
+def test_logfmt_lines_parse_back_to_their_fields() -> None:
+    """--log.format logfmt: key=value pairs, values with spaces, quotes or line breaks quoted and escaped."""
+    import logging  # noqa: PLC0415
+
+    from monitor.logs import LogfmtFormatter  # noqa: PLC0415
+
+    record = logging.LogRecord("monitor", logging.WARNING, __file__, 1, 'sweep "a"\nended', None, None)
+    record.device = "/GPU:0"
+    record.reason = "busy pid=12 (python)"
+    line = LogfmtFormatter().format(record)
+    assert "\n" not in line
+    pairs = {
+        key: json.loads(value) if value.startswith('"') else value
+        for key, value in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line)
+    }
+    assert pairs["level"] == "warn"
+    assert pairs["logger"] == "monitor"
+    assert pairs["msg"] == 'sweep "a"\nended'
+    assert pairs["device"] == "/GPU:0"
+    assert pairs["reason"] == "busy pid=12 (python)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", pairs["time"])
+
+
+@pytest.mark.parametrize("spelling", [["--config"], ["--config.file"], []])
+def test_check_config_takes_the_file_as_the_other_commands_do(
+    spelling: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check-config FILE, --config FILE and --config.file FILE all check the file."""
+    config = tmp_path / "c.yaml"
+    config.write_text("schedule:\n  interval: 10m\n")
+    assert main(["check-config", *spelling, str(config)]) == 0
+    assert f"{config}: configuration is valid" in capsys.readouterr().out
+    config.write_text("schedule:\n  interval: 0s\n")
+    assert main(["check-config", *spelling, str(config)]) == 78
+
+
+@pytest.mark.parametrize("argv", [["check-config"], ["check-config", "a.yaml", "--config", "b.yaml"]])
+def test_check_config_needs_the_file_once(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """No file, or two, is a usage error that says how to give it."""
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert "give the file once" in capsys.readouterr().err
+
+
+def test_listen_address_takes_a_bare_port_and_keeps_its_old_name() -> None:
+    """--web.listen-address :PORT listens on every interface; --listen is the same flag."""
+    from monitor.cli import _parse, _settings  # noqa: PLC0415
+
+    for flag in ("--web.listen-address", "--listen"):
+        settings = _settings(_parse(["run", flag, ":9555"]))
+        assert (settings.server.host, settings.server.port) == ("0.0.0.0", 9555)
+    settings = _settings(_parse(["run", "--web.listen-address=[::1]:9556"]))
+    assert (settings.server.host, settings.server.port) == ("::1", 9556)

@@ -305,3 +305,29 @@ def test_generator_names_a_missing_source(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "deploy/prometheus/rules.yml is missing" in result.stderr
     assert (tmp_path / "deploy" / "kubernetes" / "configmap.yaml").is_file()
+
+
+def test_daemonset_requests_what_the_daemon_holds_and_limits_what_a_sweep_peaks_at(container: dict[str, Any]) -> None:
+    """Requests as light as dcgm-exporter's; a memory limit above the measured TensorFlow worker peak; no CPU limit."""
+    import json  # noqa: PLC0415
+
+    resources = container["resources"]
+    assert resources["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    assert "cpu" not in resources["limits"]  # a CFS quota would throttle the CPU timings
+    recorded = REPO / "benchmarks" / "results" / "footprint-tensorflow-defaults-h200-2026-12-02.json"
+    phases = json.loads(recorded.read_text(encoding="utf-8"))["phases"]
+    worker_peak_mib = max(p["worker_peak_rss_mib"] for p in phases)
+    daemon_mib = max(p["daemon_rss_mib"] for p in phases)
+    assert daemon_mib < 128
+    limit_mib = {"Gi": 1024, "Mi": 1}[resources["limits"]["memory"][-2:]] * int(resources["limits"]["memory"][:-2])
+    assert limit_mib >= 1.5 * (worker_peak_mib + daemon_mib)
+
+
+def test_daemonset_is_placed_early_but_never_preempts(pod: dict[str, Any]) -> None:
+    """Its own PriorityClass: above ordinary pods, preemptionPolicy Never (not system-node-critical)."""
+    assert pod["spec"]["priorityClassName"] == "crossover-monitor"
+    priority = load(HERE / "priorityclass.yaml")
+    assert priority["metadata"]["name"] == "crossover-monitor"
+    assert priority["preemptionPolicy"] == "Never"
+    assert priority["value"] > 0
+    assert priority.get("globalDefault") is False

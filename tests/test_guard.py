@@ -70,9 +70,15 @@ class FakeProbe:
         self.looks += 1
         return self.script(self.looks)
 
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        return {"uuid": f"GPU-fake-{device.device}", "pci_bus_id": "00000000:18:00.0"}
+
 
 class FailingProbe:
     def sample(self, device: DeviceInfo) -> GpuSample:
+        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
         raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
 
 
@@ -838,3 +844,16 @@ def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
     (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failure.device == "/GPU:7"
     assert not failure.fatal
+
+
+def test_the_driver_names_each_gpu_for_other_exporters_and_a_lost_nvml_names_none() -> None:
+    """NVML's UUID and PCI bus id go into the GPU's details (the CPU gets none); without NVML, nothing is made up."""
+    _, messages = _run(_guard(FakeProbe(lambda _: IDLE)))
+    devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
+    assert devices["/GPU:0"]["uuid"] == "GPU-fake-/GPU:0"
+    assert devices["/GPU:0"]["pci_bus_id"] == "00000000:18:00.0"
+    assert "uuid" not in devices["/CPU:0"]
+    _, messages = _run(_guard(FailingProbe()))
+    devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
+    assert "uuid" not in devices["/GPU:0"]
+    assert "pci_bus_id" not in devices["/GPU:0"]

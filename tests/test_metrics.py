@@ -236,3 +236,24 @@ def test_readme_metrics_reference_lists_exactly_the_metric_table() -> None:
     documented = {name for cell in first_cells for name in re.findall(r"`(matmul_\w+)`", cell)}
     assert documented == EXPOSED_NAMES
     assert all(spec.help and spec.kind in {"gauge", "counter", "info"} for spec in METRICS.values())
+
+
+def test_device_info_carries_the_gpus_uuid_and_pci_bus_id_as_dcgm_exporter_labels_them() -> None:
+    """UUID and pci_bus_id (dcgm-exporter's label names) on matmul_device_info; empty for a CPU."""
+    gpu = dataclasses.replace(
+        GPU,
+        details=(
+            *GPU.details,
+            ("uuid", "GPU-5a0c1d2e-0000-4000-8000-000000000000"),
+            ("pci_bus_id", "00000000:18:00.0"),
+        ),
+    )
+    snapshot = dataclasses.replace(_snapshot(100), devices=(CPU, gpu))
+    store = StateStore()
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))
+    labels = {"backend": "tensorflow", "kind": "gpu", "name": "NVIDIA H200", "compute_capability": "9.0", "threads": ""}
+    gpu_labels = {**labels, "device": "/GPU:0", "UUID": "GPU-5a0c1d2e-0000-4000-8000-000000000000"}
+    registry = _registry(store)
+    assert registry.get_sample_value("matmul_device_info", {**gpu_labels, "pci_bus_id": "00000000:18:00.0"}) == 1
+    cpu_labels = {**labels, "device": "/CPU:0", "kind": "cpu", "name": "cpu", "compute_capability": "", "threads": "4"}
+    assert registry.get_sample_value("matmul_device_info", {**cpu_labels, "UUID": "", "pci_bus_id": ""}) == 1

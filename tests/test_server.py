@@ -40,7 +40,16 @@ def test_a_rendering_error_answers_500_and_the_server_keeps_serving(broken_serve
     assert http_get(broken_server + "/metrics")[0] == 500
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/"])
+def test_the_probes_answer_at_prometheus_paths_too(broken_server: str) -> None:
+    """/-/healthy and /-/ready, as Prometheus and its exporters spell them, answer as /healthz and /readyz do."""
+    assert http_get(broken_server + "/-/healthy")[:3:2] == (200, "ok\n")
+    assert http_get(broken_server + "/-/ready")[:3:2] == (503, "not yet\n")
+    status, _, body = http_get(broken_server + "/nowhere")
+    assert status == 404
+    assert "/-/healthy" in body
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz", "/-/healthy", "/-/ready", "/"])
 def test_head_answers_like_get_without_a_body(path: str) -> None:
     """HEAD gets GET's status, type and length (it was 501), and no body."""
     import http.client  # noqa: PLC0415

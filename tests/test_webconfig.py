@@ -152,6 +152,7 @@ def test_tls_with_basic_auth_and_open_probes(
     assert "unauthorized request" in caplog.text
     assert "wrong-password" not in caplog.text
     assert https_get(port, "/healthz", pki)[0] == 200  # probes need no credentials
+    assert https_get(port, "/-/healthy", pki)[0] == 200
     assert https_get(port, "/metrics", pki, authorization=basic("prometheus", "x" * 100))[0] == 401  # not 500
     assert https_get(port, "/metrics", pki, authorization=basic("nobody", PASSWORD))[0] == 401
     with pytest.raises(ssl.SSLError):  # and plain HTTP gets no answer from a TLS port

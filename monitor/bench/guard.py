@@ -73,6 +73,10 @@ class GpuProbe(Protocol):
         """Look at the GPU behind ``device`` now; raises GuardUnavailable if it cannot."""
         ...
 
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        """The driver's names for the GPU behind ``device`` (``uuid``, ``pci_bus_id``); raises GuardUnavailable."""
+        ...
+
 
 @dataclass(frozen=True)
 class HostLoad:
@@ -186,6 +190,15 @@ class Guard:
         self._cpus: dict[str, _CpuRecord] = {}
 
     # --- GPUs -------------------------------------------------------------------------------
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        """NVML's UUID and PCI bus id of a GPU, for joining with other exporters; empty where NVML is not there."""
+        if self._gpu_probe is None or device.kind != "gpu":
+            return {}
+        try:
+            return self._gpu_probe.identity(device)
+        except GuardUnavailable:
+            return {}
 
     def before_gpu_point(self, device: DeviceInfo) -> Withheld | None:
         """None if the GPU may be timed now; otherwise why it may not."""

@@ -138,6 +138,21 @@ class NvmlProbe:
                 found[s.pid] = max(found.get(s.pid, 0.0), float(s.smUtil))
         return found
 
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        handle = self._handle(device)
+        found: dict[str, str] = {}
+        for key, call in (
+            ("uuid", pynvml.nvmlDeviceGetUUID),
+            # "00000000:18:00.0", the long form, as dcgm-exporter's pci_bus_id label has it.
+            ("pci_bus_id", lambda h: pynvml.nvmlDeviceGetPciInfo(h).busId),
+        ):
+            try:
+                value = call(handle)
+            except pynvml.NVMLError:
+                continue
+            found[key] = value.decode() if isinstance(value, bytes) else str(value)
+        return found
+
     def sample(self, device: DeviceInfo) -> GpuSample:
         try:
             return self._sample(device)

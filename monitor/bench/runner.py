@@ -265,11 +265,13 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
+    guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     for device in devices:
-        emit(dataclasses.replace(device, details=tuple((str(k), str(v)) for k, v in device.details)))
+        # The driver's UUID and PCI bus id win over what the framework said: they are what other exporters use.
+        details = {str(k): str(v) for k, v in device.details} | guard.identity(device)
+        emit(dataclasses.replace(device, details=tuple(details.items())))
     found_gpus = sum(1 for d in devices if d.kind == "gpu")
     _report_missing_gpus(plan, backend.name, found_gpus, environment.get(GPU_PROBLEM), emit)
-    guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
