@@ -13,8 +13,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from monitor.errors import ConfigError, Problem
 from monitor.model import DTYPES, MODES, canonical_device
 from monitor.settings import (
@@ -31,7 +29,6 @@ from monitor.settings import (
     TimingSettings,
     abridged,
     backend_name,
-    brief,
     choice,
     converter,
     device_name,
@@ -42,9 +39,8 @@ from monitor.settings import (
     speedup_factor,
     yaml_key,
 )
+from monitor.yamlfile import YamlFileError, read_document
 
-MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few kilobytes; /dev/zero is not one
-MAX_NESTING = 20  # the schema nests three levels; anything deeper is a mistake (or an attack)
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _MAX_HOST_NAME = 253
 
@@ -341,58 +337,10 @@ def load_settings(path: str | Path | None) -> Settings:
         return ConfigError(source, [Problem("", message)])
 
     try:
-        with Path(path).open("rb") as file:
-            raw = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise fail(f"cannot read the file: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise fail(f"the file is larger than {MAX_CONFIG_BYTES // 1024} KiB; a configuration is a few kilobytes")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise fail(f"not UTF-8 text: byte 0x{raw[exc.start]:02x} on line {line}; save the file as UTF-8") from None
-    try:
-        data = _load_yaml(text)
-    except (ValueError, OverflowError) as exc:  # from the constructor: 2024-02-30, an int of 5000 digits
-        raise fail(f"not a valid YAML value: {brief(str(exc))}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc)
-        raise fail(f"not valid YAML: {where}{brief(reason)}") from None
-    except _Refused as exc:
+        data = read_document(path)
+    except YamlFileError as exc:
         raise fail(str(exc)) from None
     return settings_from_mapping(data, source)
-
-
-class _Refused(Exception):
-    """YAML that is valid but that no configuration needs, and that could exhaust the loader."""
-
-
-# libyaml's loader when PyYAML has it (a million entries: 25 s in pure Python), else PyYAML's own.
-_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def _load_yaml(text: str) -> Any:
-    """The document, after refusing what could exhaust time, memory or the stack before it is built.
-
-    Aliases are refused (a few hundred bytes of nested aliases expand to gigabytes), and so is
-    nesting deeper than the configuration needs (deep nesting overflows the constructor's stack).
-    """
-    depth = 0
-    for event in yaml.parse(text, Loader=_Loader):
-        if isinstance(event, yaml.AliasEvent):
-            raise _Refused("YAML aliases (*name) are not supported in the configuration; write the value out")
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            depth += 1
-            if depth > MAX_NESTING:
-                mark = event.start_mark
-                where = f" (line {mark.line + 1})" if mark is not None else ""
-                raise _Refused(f"nested more than {MAX_NESTING} levels deep{where}")
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            depth -= 1
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
 
 
 def with_listen(settings: Settings, listen: str) -> Settings:

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
 
 from monitor.errors import ConfigError, Problem
+from monitor.yamlfile import YamlFileError, read_document
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +117,9 @@ def parse(path: Path) -> WebConfig:
     """The web config in ``path``; a ConfigError naming every problem."""
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(source, [Problem("", f"cannot read it: {exc.strerror or exc}")]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(source, [Problem("", f"not valid YAML: {exc}")]) from None
+        data = read_document(path, what="a web config")
+    except YamlFileError as exc:
+        raise ConfigError(source, [Problem("", str(exc))]) from None
     problems: list[Problem] = []
     data = data or {}
     if not isinstance(data, dict):

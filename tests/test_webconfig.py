@@ -9,6 +9,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from monitor.httpserver import HttpLimits, HttpServer, Response
 from monitor.model import ServiceState
 from monitor.server import Lifecycle, MetricsServer
 from monitor.webconfig import WebGate, parse
-from tests.conftest import tool
+from tests.conftest import REPO, tool
 from tests.service import RunningService, fake_config, http_get, started_server
 from tests.test_deploy_container import run_healthcheck
 
@@ -398,3 +399,34 @@ def test_unknown_users_cost_what_the_configured_users_cost(tmp_path: Path, caplo
     with caplog.at_level(logging.WARNING):
         WebGate(write_config(tmp_path, f'basic_auth_users: {{a: "{cost12}", b: "{hashed()}"}}\n'))
     assert "different bcrypt costs" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("basic_auth_users: " + "[" * 100 + "]" * 100 + "\n", "nested more than 20 levels deep"),
+        ("basic_auth_users: " + "[" * 5000 + "]" * 5000 + "\n", "nest"),  # libyaml: "maximum nesting depth"
+        ("a: &x [1, 2]\nbasic_auth_users: {ops: *x}\n", "YAML aliases (*name) are not supported"),
+        ("basic_auth_users: {ops: [unclosed\n", "not valid YAML: line"),
+    ],
+    ids=["100-deep", "5000-deep", "alias", "broken"],
+)
+def test_a_hostile_web_config_is_a_config_error_not_a_traceback(tmp_path: Path, text: str, said: str) -> None:
+    """Issue 20: the web config is read by the configuration's own hardened reader (5,000 levels: a
+    RecursionError before), so `run` exits 78 with the reason."""
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        parse(path)
+    assert said in str(raised.value)
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", "run", "--web.config.file", str(path), "--web.listen-address", "127.0.0.1:1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 78, done.stderr
+    assert said in done.stderr
+    assert "Traceback" not in done.stderr
