@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # a sweep run by `once` failed, or the service failed at run time
-EXIT_USAGE = 2  # bad command-line arguments (argparse's own code)
-EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid
+EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid (2, bad usage, is argparse's own)
 EXIT_START = 3  # the service could not start (e.g. its listen address is taken)
 EXIT_INTERRUPTED = 130  # `once` was stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
@@ -28,15 +27,23 @@ class Problem:
 
 
 class ConfigError(MonitorError):
-    """The configuration is invalid; carries every problem found, not just the first."""
+    """The configuration is invalid; carries every problem found, not just the first.
+
+    Its message lists the first ``SHOWN_PROBLEMS`` and says how many more there are: a file with
+    50,000 unknown keys printed 50,001 lines (4.2 MB) to the terminal and the log.
+    """
+
+    SHOWN_PROBLEMS = 50
 
     def __init__(self, source: str, problems: list[Problem]) -> None:
         self.source = source
         self.problems = tuple(problems)
-        lines = "\n".join(f"  {p}" for p in self.problems)
+        shown = [f"  {p}" for p in self.problems[: self.SHOWN_PROBLEMS]]
         count = len(self.problems)
+        if count > self.SHOWN_PROBLEMS:
+            shown.append(f"  ... and {count - self.SHOWN_PROBLEMS} more: fix these and check again")
         noun = "problem" if count == 1 else "problems"
-        super().__init__(f"invalid configuration {source} ({count} {noun}):\n{lines}")
+        super().__init__(f"invalid configuration {source} ({count} {noun}):\n" + "\n".join(shown))
 
 
 class StartupError(MonitorError):

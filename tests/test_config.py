@@ -266,3 +266,17 @@ def test_constraints_hold_however_settings_are_built(build: Any, message: str) -
     """Settings built in code (or from the worker's JSON) are checked against their declared keys too."""
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_thousands_of_problems_list_the_first_fifty_and_count_the_rest(tmp_path: Path) -> None:
+    """Issue 20: 50,000 unknown keys printed 50,001 lines; now the first 50 and how many more, all still carried."""
+    config = tmp_path / "many.yaml"
+    config.write_text("".join(f"k{i:05d}: 1\n" for i in range(50_000)))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config)
+    lines = str(raised.value).splitlines()
+    assert lines[0].endswith("(50000 problems):")
+    assert len(lines) == 1 + 50 + 1
+    assert lines[1].startswith("  k00000: unknown key")
+    assert lines[-1] == "  ... and 49950 more: fix these and check again"
+    assert len(raised.value.problems) == 50_000
