@@ -69,6 +69,12 @@ class Run:
     crossovers: tuple[tuple[str, str, str, float | None], ...]  # (gpu, mode, state, size)
 
 
+# The served state's JSON is {"format": SERVED_FORMAT, "served": {...}}. Format 1 is the bare object
+# that releases before the version was written stored: read as it is. Bump it when a field of _Served
+# (or of what it holds) is renamed or changes meaning, and read the older format here too.
+SERVED_FORMAT = 2
+
+
 @dataclass(frozen=True, kw_only=True)
 class _Served:
     """The part of ServiceState that outlives a restart, and the backend (as configured) that timed it."""
@@ -178,7 +184,19 @@ class RunHistory:
         if row is None:
             return None
         try:
-            served = from_data(_Served, json.loads(row[0]))
+            stored = json.loads(row[0])
+            written_as, data = (
+                (stored["format"], stored.get("served"))
+                if isinstance(stored, dict) and "format" in stored
+                else (1, stored)
+            )
+            if not isinstance(written_as, int) or written_as > SERVED_FORMAT:
+                log.warning(
+                    f"run history: the served state in {self.path} was written by a newer crossover-monitor"
+                    f" (format {written_as}; this one reads up to {SERVED_FORMAT}); starting without it"
+                )
+                return None
+            served = from_data(_Served, data)
         except (ValueError, DecodeError) as exc:  # a file from an incompatible version of this program
             log.warning(f"run history: the served state in {self.path} cannot be read ({exc}); starting without it")
             return None
@@ -218,7 +236,8 @@ class RunHistory:
                     )
                     db.execute("DELETE FROM runs WHERE id <= (SELECT max(id) FROM runs) - ?", (self._keep_runs,))
                     db.execute(
-                        "INSERT OR REPLACE INTO served (id, state) VALUES (1, ?)", (json.dumps(to_data(served)),)
+                        "INSERT OR REPLACE INTO served (id, state) VALUES (1, ?)",
+                        (json.dumps({"format": SERVED_FORMAT, "served": to_data(served)}),),
                     )
                     db.execute("COMMIT")
                 except BaseException:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.history import FILE_NAME, HistoryUnavailable, RunHistory, read_recent
+from monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
 from monitor.model import RecentCrossovers, ServiceState, SweepOutcome, SweepResult
 from monitor.report import render_history
 from tests.conftest import REPO
@@ -288,3 +289,42 @@ def test_the_running_service_says_when_its_history_file_was_replaced_and_records
     runs = read_recent(state, 10)  # where the operator looks: both runs, the earlier one kept
     assert [run.result for run in runs][:2] == ["success", "success"]
     assert any(p.name.startswith(f"{FILE_NAME}.bad-") for p in state.iterdir())
+
+
+def _stored_state(path: Path) -> object:
+    with sqlite3.connect(path / FILE_NAME) as db:
+        return json.loads(db.execute("SELECT state FROM served WHERE id = 1").fetchone()[0])
+
+
+def _store_state(path: Path, state: object) -> None:
+    with sqlite3.connect(path / FILE_NAME) as db:
+        db.execute("UPDATE served SET state = ? WHERE id = 1", (json.dumps(state),))
+
+
+def test_the_served_state_carries_its_format_and_an_unversioned_one_still_restores(tmp_path: Path) -> None:
+    """Issue 20: the JSON says its format; the bare object earlier releases wrote (format 1) is read as it is."""
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    history.close()
+    stored = _stored_state(tmp_path)
+    assert isinstance(stored, dict)
+    assert stored["format"] == SERVED_FORMAT
+    _store_state(tmp_path, stored["served"])  # as an earlier release wrote it
+    restored = RunHistory.open(tmp_path, keep_runs=10).restore()
+    assert restored is not None
+    assert restored[0].latest == SNAPSHOT
+
+
+def test_a_served_state_from_a_newer_release_is_left_alone_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A format this program does not know is not guessed at: the service starts without it, and says why."""
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    history.close()
+    stored = _stored_state(tmp_path)
+    assert isinstance(stored, dict)
+    _store_state(tmp_path, {**stored, "format": SERVED_FORMAT + 1})
+    with caplog.at_level(logging.WARNING):
+        assert RunHistory.open(tmp_path, keep_runs=10).restore() is None
+    assert f"format {SERVED_FORMAT + 1}; this one reads up to {SERVED_FORMAT}" in caplog.text
