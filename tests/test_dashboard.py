@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -52,6 +53,7 @@ from tests.promql import (
     dashboard_panels,
     load_dashboard,
     metric_names,
+    promtool,
     recorded_names,
 )
 
@@ -295,3 +297,54 @@ def test_provisioning_points_grafana_at_prometheus_and_the_dashboards_folder() -
     (provider,) = providers["providers"]
     assert provider["type"] == "file"
     assert provider["options"]["path"].startswith("/")
+
+
+def test_job_and_cluster_variables_narrow_every_query(dashboard: dict[str, Any]) -> None:
+    """Issue 19: job and cluster variables (cluster may be absent: All is .*), chained into instance and every panel."""
+    variables = _variables(dashboard)
+    for name in ("job", "cluster"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["includeAll"] is True
+        assert variables[name]["allValue"] == ".*"  # matches series without a cluster label too
+    assert 'job=~"$job", cluster=~"$cluster"' in variables["instance"]["query"]
+    for panel in dashboard_panels(dashboard):
+        for target in panel["targets"]:
+            assert 'job=~"$job", cluster=~"$cluster", instance=~"$instance"' in target["expr"], panel["title"]
+
+
+def test_annotations_mark_a_change_of_versions_or_settings(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    """The version annotations' queries, run by promtool over a TensorFlow upgrade, mark it once, then go quiet."""
+    queries = [a for a in dashboard["annotations"]["list"] if "expr" in a]
+    assert {a["name"] for a in queries} == {"Framework, CUDA or settings changed", "crossover-monitor version changed"}
+    (settings,) = [a["expr"] for a in queries if "Framework" in a["name"]]
+    expr = settings.replace("$job", ".*").replace("$cluster", ".*").replace("$instance", ".*")
+    before = (
+        'backend="tensorflow",framework_version="2.20.0",cuda_version="12.5",cudnn_version="9",tf32="false",'
+        'cpu_threads="15"'
+    )
+    after = before.replace("2.20.0", "2.21.0")
+    labels = 'job="crossover-monitor",instance="gpu-1:9437"'
+    test = {
+        "tests": [
+            {
+                "interval": "5m",
+                "input_series": [
+                    {"series": f"matmul_benchmark_info{{{labels},{before}}}", "values": "1x23 _x24"},
+                    {"series": f"matmul_benchmark_info{{{labels},{after}}}", "values": "_x23 1x24"},
+                ],
+                "promql_expr_test": [
+                    {"expr": expr, "eval_time": "1h", "exp_samples": []},  # nothing changed for the last 30m
+                    {
+                        "expr": expr,
+                        "eval_time": "2h5m",  # the upgrade (at 1h55m) is marked
+                        "exp_samples": [{"labels": f"matmul_benchmark_info{{{labels},{after}}}", "value": 1}],
+                    },
+                    {"expr": expr, "eval_time": "3h", "exp_samples": []},  # and only while it is new
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "annotation_test.yml"
+    path.write_text(yaml.safe_dump(test))
+    result = promtool("test", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr

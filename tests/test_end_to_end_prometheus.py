@@ -157,6 +157,9 @@ def _resolve_variables(stack: Stack, instance: str) -> dict[str, str]:
         assert match is not None, variable["query"]
         selector = _substitute(match.group(1), values)
         found = stack.api(f"/api/v1/label/{match.group(2)}/values", **{"match[]": selector})
+        if not found and variable["name"] == "cluster":  # no cluster label here: Grafana's All, .*
+            values["cluster"] = variable["allValue"]
+            continue
         assert found, f"variable {variable['name']} has no values for {instance}"
         values[variable["name"]] = _regex_literal(found)
     return values
