@@ -86,7 +86,7 @@ def promtool(*args: str | Path, stdin: str | None = None) -> subprocess.Complete
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the drift tests replay two days of sweeps: about a minute on the 2-core machine
         check=False,
         cwd=RULES.parent,
     )
