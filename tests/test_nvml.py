@@ -184,3 +184,29 @@ def test_a_look_asks_nvml_only_for_what_can_have_changed(monkeypatch: pytest.Mon
     assert (second.sm_clock_max_hz, second.pcie_generation_max, second.pcie_width_max) == (1.98e9, 5, 16)
     for name in ("nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth"):
         assert asked[name] == 1, name
+
+
+def test_identity_is_the_drivers_uuid_and_long_pci_bus_id_and_never_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """UUID and busId as NVML gives them (bytes from older bindings decoded); a missing call leaves that key
+    out; a binding that raises anything else is a GuardUnavailable, as for a look."""
+    fake = _fake_pynvml()
+    fake.nvmlDeviceGetUUID = lambda _h: b"GPU-5a0c1d2e-0000-4000-8000-000000000000"
+    fake.nvmlDeviceGetPciInfo = lambda _h: types.SimpleNamespace(busId="00000000:18:00.0")
+    monkeypatch.setattr(nvml, "pynvml", fake)
+    assert nvml.NvmlProbe().identity(GPU) == {
+        "uuid": "GPU-5a0c1d2e-0000-4000-8000-000000000000",
+        "pci_bus_id": "00000000:18:00.0",
+    }
+
+    def unsupported(_handle: object) -> object:
+        raise NVMLError("Not Supported")
+
+    fake.nvmlDeviceGetPciInfo = unsupported
+    assert nvml.NvmlProbe().identity(GPU) == {"uuid": "GPU-5a0c1d2e-0000-4000-8000-000000000000"}
+
+    def mismatch(_handle: object) -> object:
+        raise RuntimeError("NVMLLibraryMismatchError")
+
+    fake.nvmlDeviceGetUUID = mismatch
+    with pytest.raises(GuardUnavailable, match="NVMLLibraryMismatchError"):
+        nvml.NvmlProbe().identity(GPU)

@@ -139,6 +139,14 @@ class NvmlProbe:
         return found
 
     def identity(self, device: DeviceInfo) -> dict[str, str]:
+        try:
+            return self._identity(device)
+        except GuardUnavailable:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as in sample(): the binding raises plain Exceptions too
+            raise GuardUnavailable(f"NVML failed on {device.device}: {type(exc).__name__}: {exc}") from None
+
+    def _identity(self, device: DeviceInfo) -> dict[str, str]:
         handle = self._handle(device)
         found: dict[str, str] = {}
         for key, call in (
