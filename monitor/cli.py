@@ -35,7 +35,7 @@ def _shared_options() -> argparse.ArgumentParser:
     """Options every command takes, before or after its name (as Prometheus exporters take theirs).
 
     Their defaults are suppressed so that a command's own parser never overwrites a value given
-    before the command's name; ``_with_defaults`` fills in what neither gave.
+    before the command's name; ``_parse`` fills in what neither gave.
     """
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument(
