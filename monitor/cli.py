@@ -73,10 +73,11 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_text, parents=[shared])
 
+    def config_option(command: argparse.ArgumentParser, help_text: str) -> None:
+        command.add_argument("--config", "--config.file", dest="config", metavar="FILE", help=help_text)
+
     run = command("run", "run the service: sweep on a schedule and serve /metrics")
-    run.add_argument(
-        "--config", "--config.file", metavar="FILE", help="YAML configuration (default: the embedded defaults)"
-    )
+    config_option(run, "YAML configuration (default: the embedded defaults)")
     run.add_argument(
         "--web.listen-address",
         "--listen",
@@ -99,22 +100,16 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     once = command("once", "run one sweep, print the results and exit")
-    once.add_argument(
-        "--config", "--config.file", metavar="FILE", help="YAML configuration (default: the embedded defaults)"
-    )
+    config_option(once, "YAML configuration (default: the embedded defaults)")
     once.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
     check = command("check-config", "validate a configuration file and exit")
     check.add_argument("file", metavar="FILE", nargs="?", help="the file (or give it with --config)")
-    check.add_argument(
-        "--config", "--config.file", dest="config", metavar="FILE", help="the file, as the other commands take it"
-    )
+    config_option(check, "the file, as the other commands take it")
     command("config-schema", "print the configuration's JSON Schema (for editors) and exit")
 
     history = command("history", "print the recent runs from the run history and exit")
-    history.add_argument(
-        "--config", "--config.file", metavar="FILE", help="the service's configuration (for history.directory)"
-    )
+    config_option(history, "the service's configuration (for history.directory)")
     history.add_argument("--directory", metavar="DIR", type=Path, help="the history's directory (overrides the config)")
     history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
     history.add_argument("--json", action="store_true", help="print JSON instead of a table")

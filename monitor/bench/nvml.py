@@ -12,10 +12,12 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from monitor.bench.guard import GpuProcess, GpuSample, GuardUnavailable
 from monitor.model import DeviceInfo
+
+R = TypeVar("R")
 
 try:
     import pynvml
@@ -139,12 +141,7 @@ class NvmlProbe:
         return found
 
     def identity(self, device: DeviceInfo) -> dict[str, str]:
-        try:
-            return self._identity(device)
-        except GuardUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - as in sample(): the binding raises plain Exceptions too
-            raise GuardUnavailable(f"NVML failed on {device.device}: {type(exc).__name__}: {exc}") from None
+        return _as_guard_error(self._identity, device)
 
     def _identity(self, device: DeviceInfo) -> dict[str, str]:
         handle = self._handle(device)
@@ -162,12 +159,7 @@ class NvmlProbe:
         return found
 
     def sample(self, device: DeviceInfo) -> GpuSample:
-        try:
-            return self._sample(device)
-        except GuardUnavailable:
-            raise
-        except Exception as exc:  # noqa: BLE001 - e.g. the binding's NVMLLibraryMismatchError, a plain Exception
-            raise GuardUnavailable(f"NVML failed on {device.device}: {type(exc).__name__}: {exc}") from None
+        return _as_guard_error(self._sample, device)
 
     def _sample(self, device: DeviceInfo) -> GpuSample:
         handle = self._handle(device)
@@ -226,3 +218,13 @@ class NvmlProbe:
             thermal_limited_s=thermal_limited.violationTime * _NANOSECOND if thermal_limited is not None else None,
             read_at_s=time.monotonic(),
         )
+
+
+def _as_guard_error(call: Callable[[DeviceInfo], R], device: DeviceInfo) -> R:
+    """``call(device)``, anything the binding raises turned into GuardUnavailable: an unguarded GPU, not a crash."""
+    try:
+        return call(device)
+    except GuardUnavailable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - e.g. the binding's NVMLLibraryMismatchError, a plain Exception
+        raise GuardUnavailable(f"NVML failed on {device.device}: {type(exc).__name__}: {exc}") from None
