@@ -4,8 +4,9 @@ A point's timed level moves between visits (fresh operands, the host thread's pl
 more than its blocks within one visit show: on an H200 with TensorFlow, 6-30% against 1-4%. The
 sizes around a crossover are therefore timed in several visits, the CPU's and the GPU's k-th visits
 of a size together (so that what they share, e.g. the framework's dispatch cost, cancels in their
-ratio), and the crossover is located on the visits' median speed-ups. Its interval comes from
-resampling those visits, not the blocks within one.
+ratio), and the crossover is located on the visits' median speed-ups: where a straight line
+through the revisited sizes around the last change of lead crosses zero, so that no single size's
+level decides it. Its interval comes from resampling those visits, not the blocks within one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ _MOVE_SHARE = 0.95
 # The interval is for where the next sweep's n* lands, not where the true n* is: the next sweep's
 # estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
 _NEXT_SWEEP_WIDENING = math.sqrt(2)
+# n* is fitted through the revisited sizes within this factor of the bracket. Each sweep's levels
+# move per size and per process (on an H200 with TensorFlow's end_to_end, 5-10% a size between
+# fresh processes, beyond what 7 visits average out), and the curves there meet at a shallow angle,
+# so the two bracketing sizes alone put n* anywhere in a x1.7 span; a line through the five to nine
+# sizes around them halves the variance of log n* between idle sweeps (log SD 0.153 -> 0.103;
+# PyTorch end_to_end 0.089 -> 0.077, both compute modes within a few percent of before:
+# benchmarks/README.md, "Fourth session").
+_FIT_REACH = 1.5
+_FIT_MIN_POINTS = 3
 
 
 @dataclass(frozen=True)
@@ -58,7 +68,7 @@ class Located:
 
     state: CrossoverState
     size: float | None = None
-    lower: int | None = None  # the measured sizes bracketing n*
+    lower: int | None = None  # the measured sizes either side of n*
     upper: int | None = None
     interval: tuple[float, float] | None = None  # where the next sweep's n* lands (95%), when visits show it
 
@@ -86,7 +96,8 @@ def last_crossing(points: Sequence[tuple[int, float]]) -> tuple[CrossoverState, 
 def locate(points: Sequence[SpeedupPoint]) -> Located:
     """The crossover of one GPU against one CPU from its speed-up points, with its interval.
 
-    n* is the last crossing of the points' median speed-ups. A win of the GPU at a size below it
+    n* is the last crossing of the points' median speed-ups, fitted through the revisited sizes
+    around it where there are enough of them (``_crossing``). A win of the GPU at a size below it
     (or anywhere, when the GPU loses at the largest size) means the curves cross more than once
     (AMBIGUOUS) only when the visits agree on that win; a point timed once is taken at its word.
     The interval is the spread of n* over resampled visits, widened to where the next sweep's n*
@@ -96,8 +107,10 @@ def locate(points: Sequence[SpeedupPoint]) -> Located:
     if not points:
         raise ValueError("no points to compare")
     points = sorted(points, key=lambda p: p.size)
-    state, size, lower, upper = last_crossing([(p.size, p.median) for p in points])
-    below = lower if lower is not None else math.inf
+    state, size, lower, upper = _crossing(points, [p.median for p in points])
+    # Wins count below the last change of lead on the medians, wherever the fit put n* near it.
+    change = last_crossing([(p.size, p.median) for p in points])[2]
+    below = change if change is not None else math.inf
     always = state is CrossoverState.GPU_ALWAYS_FASTER
     wins = [i for i, p in enumerate(points) if p.size < below and p.median > 0 and not always]
     rng = random.Random(0)  # fixed seed: the same measurements always give the same answer
@@ -112,7 +125,7 @@ def locate(points: Sequence[SpeedupPoint]) -> Located:
             medians[i] = statistics.median(rng.choices(ratios, k=len(ratios))) + rng.gauss(0, smoothing)
         for i in wins:
             win_counts[i] += medians[i] > 0
-        resampled = last_crossing([(p.size, r) for p, r in zip(points, medians, strict=True)])
+        resampled = _crossing(points, medians)
         if resampled[0] is CrossoverState.FOUND and resampled[1] is not None:
             found.append(resampled[1])
     clear = [i for i in wins if len(points[i].log_ratios) == 1 or win_counts[i] >= _CLEAR_WIN_SHARE * resamples]
@@ -121,6 +134,41 @@ def locate(points: Sequence[SpeedupPoint]) -> Located:
     if state is not CrossoverState.FOUND or size is None:
         return Located(state)
     return Located(state, size, lower, upper, _next_sweep_interval(size, found, resamples))
+
+
+def _crossing(
+    points: Sequence[SpeedupPoint], medians: Sequence[float]
+) -> tuple[CrossoverState, float | None, int | None, int | None]:
+    """``last_crossing`` of these medians of the sorted points, with n* fitted where the visits allow.
+
+    Where at least ``_FIT_MIN_POINTS`` sizes within ``_FIT_REACH`` of the bracket were timed in
+    several visits, n* is where the least-squares line through their (log n, median log speed-up)
+    crosses zero, and the bracket becomes the measured sizes either side of it. The bracket's own
+    interpolation stands where that line does not rise with n or crosses outside those sizes.
+    """
+    sizes = [p.size for p in points]
+    state, size, lower, upper = last_crossing(list(zip(sizes, medians, strict=True)))
+    if state is not CrossoverState.FOUND or lower is None or upper is None:
+        return state, size, lower, upper
+    near = [
+        (math.log(p.size), r)
+        for p, r in zip(points, medians, strict=True)
+        if len(p.log_ratios) > 1 and lower / _FIT_REACH <= p.size <= upper * _FIT_REACH
+    ]
+    if len(near) < _FIT_MIN_POINTS:
+        return state, size, lower, upper
+    xs, ys = [x for x, _ in near], [y for _, y in near]
+    x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in near) / sum((x - x_mean) ** 2 for x in xs)
+    if slope <= 0:
+        return state, size, lower, upper
+    zero = x_mean - y_mean / slope
+    if not xs[0] <= zero <= xs[-1]:
+        return state, size, lower, upper
+    fitted = math.exp(zero)
+    below = max(n for n in sizes if n <= fitted)
+    above = min((n for n in sizes if n > fitted), default=below)
+    return state, fitted, below, above
 
 
 def _smoothing(ratios: Sequence[float]) -> float:

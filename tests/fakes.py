@@ -145,22 +145,34 @@ class VisitNoiseBackend(CurveBackend):
 
     Every visit (one ``prepare``) is off by a random factor: one the CPU's visit of a size draws and
     the GPU's visit right after it shares (the framework's dispatch cost, common to both), and one
-    of its own. Blocks within a visit are exact, so a converged visit hides its level completely.
+    of its own. With ``process_spread``, each (device, size) also keeps a level of its own for the
+    backend's life, as a fresh worker process's placement gives it: no number of visits averages
+    that out. Blocks within a visit are exact, so a converged visit hides its level completely.
     Runs on a ``VirtualClock``: for in-process tests, not a plugin.
     """
 
-    def __init__(self, options: BackendOptions, *, clock: VirtualClock, seed: int, spread: float) -> None:
+    def __init__(
+        self, options: BackendOptions, *, clock: VirtualClock, seed: int, spread: float, process_spread: float = 0.0
+    ) -> None:
         super().__init__(options)
         self._clock = clock
         self._rng = random.Random(seed)
         self._spread = spread
+        self._process_spread = process_spread
+        self._process_levels: dict[tuple[str, int], float] = {}
         self._shared = 1.0
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         if device.kind == "cpu":
             self._shared = self._level()
+        if (device.kind, size) not in self._process_levels:
+            spread = self._process_spread
+            self._process_levels[device.kind, size] = math.exp(self._rng.uniform(-spread, spread))
         seconds = (
-            (tie_cpu_seconds(size) if device.kind == "cpu" else tie_gpu_seconds(size)) * self._shared * self._level()
+            (tie_cpu_seconds(size) if device.kind == "cpu" else tie_gpu_seconds(size))
+            * self._shared
+            * self._level()
+            * self._process_levels[device.kind, size]
         )
 
         def run(calls: int) -> None:

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from monitor.crossover import RECENT_SWEEPS, crossovers, find_crossover, with_recent_moves
+from monitor.crossover import (
+    RECENT_SWEEPS,
+    SpeedupPoint,
+    crossovers,
+    find_crossover,
+    last_crossing,
+    locate,
+    with_recent_moves,
+)
 from monitor.model import (
     Crossover,
     CrossoverState,
@@ -145,6 +153,69 @@ def test_find_crossover_needs_points() -> None:
     """An empty curve is a programming error, not a state."""
     with pytest.raises(ValueError, match="no points"):
         find_crossover([])
+
+
+def _visited(log_ratios: dict[int, float], visits: int = 5) -> list[SpeedupPoint]:
+    """Points each timed in ``visits`` visits that all read this log speed-up."""
+    return [SpeedupPoint(n, (r,) * visits) for n, r in log_ratios.items()]
+
+
+REFINED = (64, 76, 91, 108, 128)
+
+
+@given(n0=st.floats(min_value=70.0, max_value=120.0), slope=st.floats(min_value=0.2, max_value=4.0))
+def test_the_fitted_crossover_is_exact_on_a_straight_curve(n0: float, slope: float) -> None:
+    """Revisited sizes on ln(t_cpu/t_gpu) = k ln(n/n0): the line through them crosses zero at n0, between neighbours."""
+    assume(all(abs(math.log(n / n0)) > 1e-6 for n in REFINED))
+    found = locate(_visited({n: slope * math.log(n / n0) for n in (16, *REFINED, 512)}))
+    assert found.state is CrossoverState.FOUND
+    assert found.size == pytest.approx(n0, rel=1e-9)
+    assert found.lower is not None
+    assert found.upper is not None
+    assert found.lower < n0 < found.upper
+
+
+def test_one_sizes_level_does_not_decide_the_fitted_crossover() -> None:
+    """A bracketing size read 8% high (its level in this process) moves the interpolation far, the fit a little."""
+    n0, slope = 95.0, 0.6  # a shallow curve, as TensorFlow's end_to_end is near its crossover
+    ratios = {n: slope * math.log(n / n0) for n in REFINED}
+    ratios[91] += 0.08
+    found = locate(_visited(ratios))
+    interpolated = last_crossing(sorted(ratios.items()))[1]
+    assert interpolated is not None
+    assert found.size is not None
+    assert abs(math.log(interpolated / n0)) > 0.08
+    assert abs(math.log(found.size / n0)) < abs(math.log(interpolated / n0)) / 3
+    assert found.lower is not None
+    assert found.upper is not None
+    assert found.lower <= found.size < found.upper
+
+
+def test_the_bracket_interpolates_where_the_line_does_not_rise() -> None:
+    """A line through the revisited sizes that falls with n says nothing of n*: the bracket's interpolation stands."""
+    ratios = {64: -0.001, 76: -0.001, 91: -0.001, 108: -1.0, 128: 0.001}
+    found = locate(_visited(ratios))
+    assert found.state is CrossoverState.FOUND
+    assert found.size == pytest.approx(last_crossing(sorted(ratios.items()))[1])
+    assert (found.lower, found.upper) == (108, 128)
+
+
+def test_sizes_timed_once_keep_the_bracket_interpolation() -> None:
+    """With fewer than three revisited sizes there is no line to fit: n* is interpolated in its bracket."""
+    ratios = {64: -0.3, 76: -0.2, 91: 0.05, 108: 0.1, 128: 0.4}
+    points = [SpeedupPoint(n, (r,) * (5 if n in (76, 91) else 1)) for n, r in ratios.items()]
+    found = locate(points)
+    assert found.size == pytest.approx(last_crossing(sorted(ratios.items()))[1])
+    assert (found.lower, found.upper) == (76, 91)
+
+
+def test_ties_below_a_fitted_crossover_are_not_read_as_a_second_crossing() -> None:
+    """The line puts n* above sizes where the GPU led by 1%: a tie inside the bracket's reach, not ambiguity."""
+    found = locate(_visited({64: -0.5, 76: -0.45, 91: 0.01, 108: 0.01, 128: 0.01, 512: 1.0}))
+    assert found.state is CrossoverState.FOUND
+    assert found.size is not None
+    assert 108 < found.size < 128
+    assert (found.lower, found.upper) == (108, 128)
 
 
 def _found(size: float, at: float, interval: tuple[float, float] | None = None) -> Crossover:

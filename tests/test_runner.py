@@ -11,7 +11,7 @@ import time
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.runner import between, run_plan
 from monitor.costs import cost_models
-from monitor.crossover import crossovers
+from monitor.crossover import SpeedupPoint, crossovers, last_crossing, speedup_point
 from monitor.errors import MeasurementFailed
 from monitor.model import (
     Crossover,
@@ -92,10 +92,18 @@ def test_refinement_stops_when_its_budget_is_spent() -> None:
     assert {m.timing.visit_count for m in measurements} == {1}
 
 
-def _noisy_sweep(seed: int, *, refine: bool) -> Crossover:
+def _noisy_sweep(seed: int, *, refine: bool, process_spread: float = 0.0) -> Crossover:
     """One sweep of the visit-noise backend (levels ±10% a visit) around its true n ≈ 79.4."""
+    crossover, _ = _noisy_sweep_and_points(seed, refine=refine, process_spread=process_spread)
+    return crossover
+
+
+def _noisy_sweep_and_points(seed: int, *, refine: bool, process_spread: float) -> tuple[Crossover, list[SpeedupPoint]]:
+    """The sweep's crossover, and its speed-up points as ``crossovers`` paired them."""
     clock = VirtualClock()
-    backend = VisitNoiseBackend(BackendOptions(tf32=False, cpu_threads=1), clock=clock, seed=seed, spread=0.1)
+    backend = VisitNoiseBackend(
+        BackendOptions(tf32=False, cpu_threads=1), clock=clock, seed=seed, spread=0.1, process_spread=process_spread
+    )
     plan = dataclasses.replace(
         make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
         refine=RefineSettings(enabled=refine, visits=7, spacing=0.2, budget_s=30),
@@ -105,7 +113,25 @@ def _noisy_sweep(seed: int, *, refine: bool) -> Crossover:
     latest = {m.key: m for m in messages if isinstance(m, Measurement)}  # a later visit's message replaces
     devices = [m for m in messages if isinstance(m, DeviceInfo)]
     (crossover,) = crossovers(devices, latest.values())
-    return crossover
+    timings = {(m.key.device, m.key.size): m.timing for m in latest.values() if m.role != "probe"}
+    points = [
+        speedup_point(n, timing, timings["/GPU:0", n]) for (device, n), timing in timings.items() if device == "/CPU:0"
+    ]
+    return crossover, sorted(points, key=lambda p: p.size)
+
+
+def test_a_line_through_the_sizes_around_n_star_averages_what_visits_cannot() -> None:
+    """Each size at its own level for a worker's life (±8%): n* fitted through the refined sizes scatters
+    less over 30 sweeps than the bracket's interpolation of the same visits."""
+    fitted, interpolated = [], []
+    for seed in range(30):
+        crossover, points = _noisy_sweep_and_points(seed, refine=True, process_spread=0.08)
+        bracket = last_crossing([(p.size, p.median) for p in points])[1]
+        assert crossover.size is not None
+        assert bracket is not None
+        fitted.append(math.log(crossover.size))
+        interpolated.append(math.log(bracket))
+    assert statistics.stdev(fitted) < 0.8 * statistics.stdev(interpolated)
 
 
 def test_visits_make_the_crossover_steady_where_one_visit_scatters() -> None:
