@@ -71,14 +71,18 @@ def test_refinement_times_the_bracket_in_visits_with_sizes_added_between() -> No
     assert crossover.lower <= 46.3 <= crossover.upper
 
 
-def test_sizes_between_are_geometric_and_never_repeat_the_ends() -> None:
-    """between() spaces sizes by at most the ratio asked, without the ends, and adds none where none fits."""
-    assert between(64, 128, 0.2) == [76, 91, 108]
+def test_sizes_between_are_aligned_where_they_can_be_and_never_repeat_the_ends() -> None:
+    """between() adds multiples of 8 where one is in reach, no two neighbours more than the ratio asked apart
+    (or one apart, at the smallest sizes), without the ends, and none where none fits."""
+    assert between(64, 128, 0.2) == [72, 80, 96, 112]
+    assert between(256, 512, 0.2) == [304, 360, 432]  # not 362, where TensorFlow's CPU stalls
     assert between(100, 110, 0.2) == []
-    small = between(1, 16, 0.2)
-    assert small == sorted(set(small))
-    assert 1 not in small
-    assert 16 not in small
+    for lower, upper in ((1, 16), (16, 32), (64, 128), (128, 256), (500, 2000)):
+        added = between(lower, upper, 0.2)
+        assert added == sorted(set(added))
+        sizes = [lower, *added, upper]
+        assert all(b / a - 1 <= 0.2 + 1e-9 or b == a + 1 for a, b in itertools.pairwise(sizes))
+    assert all(n % 8 == 0 for n in between(64, 2048, 0.2))
 
 
 def test_refinement_stops_when_its_budget_is_spent() -> None:

@@ -376,8 +376,26 @@ def _sizes_to_visit(curve: list[SpeedupPoint], spacing: float) -> set[int]:
     return wanted
 
 
+# Added sizes are multiples of this where one is in reach. Odd sizes carry their own costs: on an H200
+# with TensorFlow the CPU took 71-73 us at n = 99-103 against 65 at 96 (compute), and 1.4 ms at
+# n = 362 against 1.1 at 431 (end_to_end), which made the GPU "win" at 362 alone and 4 of 16 idle
+# sweeps `ambiguous` (benchmarks/README.md, "Fourth session"). Models use aligned shapes too.
+_ALIGN = 8
+
+
 def between(lower: int, upper: int, spacing: float) -> list[int]:
-    """Sizes between two, geometrically spaced, no two neighbours more than ``spacing`` apart (ratio − 1)."""
-    steps = math.ceil(math.log(upper / lower) / math.log1p(spacing) - 1e-9)
-    inner = {round(lower * (upper / lower) ** (k / steps)) for k in range(1, steps)}
-    return sorted(n for n in inner if lower < n < upper)
+    """The fewest sizes between two with no two neighbours more than ``spacing`` apart (ratio − 1),
+    each the largest multiple of ``_ALIGN`` in reach of the one before it, or the largest size when
+    no multiple is (small sizes)."""
+    found: list[int] = []
+    previous = lower
+    while True:
+        reach = math.floor(previous * (1 + spacing) + 1e-9)
+        if reach >= upper:
+            return found
+        aligned = reach - reach % _ALIGN
+        following = aligned if aligned > previous else max(reach, previous + 1)
+        if following >= upper:
+            return found
+        found.append(following)
+        previous = following
