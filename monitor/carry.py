@@ -22,7 +22,7 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
     measured_at = dict.fromkeys(new.measured_devices, new.finished_at)
     if previous is None:
         return replace(new, measured_at=tuple(sorted(measured_at.items())))
-    failed = {f.device for f in new.failures if f.point is None}
+    failed = new.failed_devices
     known = {d.device for d in previous.devices} if partial else new.withheld_devices
     carried = known - new.measured_devices - failed
     previous_at = dict(previous.measured_at)

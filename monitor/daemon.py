@@ -311,7 +311,7 @@ class Service:
     def _give_up_on_fatal(self, outcome: SweepOutcome) -> None:
         failures = outcome.snapshot.failures if outcome.snapshot is not None else ()
         for failure in failures:
-            if failure.fatal and failure.point is None and failure.device not in self._given_up:
+            if failure.fatal and failure.whole_device and failure.device not in self._given_up:
                 self._given_up.add(failure.device)
                 log.warning(
                     "device will not be retried until restart",

@@ -296,7 +296,7 @@ class StateCollector(Collector):
         # Up unless it failed: a device withheld as busy works (its timings are carried over), and a
         # sweep whose worker died measured nothing, so every device is down.
         completed = state.last_outcome is not None and state.last_outcome.snapshot is not None
-        failed = {f.device for f in latest.failures if f.point is None}
+        failed = latest.failed_devices
         up = _gauge(DEVICE_UP)
         info = _info(DEVICE_INFO)
         seen = set()
@@ -319,7 +319,7 @@ class StateCollector(Collector):
                 [device.backend, device.device], 1 if completed and works and device.device not in failed else 0
             )
         for failure in latest.failures:
-            if failure.point is None and (failure.backend, failure.device) not in seen:
+            if failure.whole_device and (failure.backend, failure.device) not in seen:
                 seen.add((failure.backend, failure.device))
                 up.add_metric([failure.backend, failure.device], 0)
         yield up

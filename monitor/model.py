@@ -56,6 +56,16 @@ class CrossoverState(enum.Enum):
     WITHHELD = "withheld"
 
 
+# What each state without a size says, in `once`'s table and on the chart alike.
+STATE_SENTENCES = {
+    CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",
+    CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
+    CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
+    CrossoverState.NO_GPU: "no GPU was measured, so there is nothing to compare the CPU with",
+    CrossoverState.WITHHELD: "withheld: the GPU or the CPU was in use by other work",
+}
+
+
 class WithheldReason(enum.Enum):
     """Why a device's timings of one sweep were not published: another program was using it."""
 
@@ -226,6 +236,16 @@ class DeviceFailure:
     point: PointKey | None = None  # None: the whole device failed
     fatal: bool = False  # retrying next sweep cannot help (e.g. the device does not exist)
 
+    @property
+    def whole_device(self) -> bool:
+        """The device failed, not one point on it: it keeps none of its points and is reported down."""
+        return self.point is None
+
+
+def failed_devices(failures: Iterable[DeviceFailure]) -> frozenset[str]:
+    """The devices that failed whole (not those that lost a point)."""
+    return frozenset(f.device for f in failures if f.whole_device)
+
 
 # GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
 RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED})
@@ -307,6 +327,10 @@ class Snapshot:
     @property
     def withheld_devices(self) -> frozenset[str]:
         return frozenset(w.device for w in self.withheld)
+
+    @property
+    def failed_devices(self) -> frozenset[str]:
+        return failed_devices(self.failures)
 
     @property
     def gpus_to_retry(self) -> tuple[str, ...]:

@@ -30,7 +30,16 @@ from monitor.metrics import (
     DURATION,
     parse_exposition,
 )
-from monitor.model import MODES, Crossover, CrossoverState, DeviceInfo, DeviceKind, PointKey, Timing
+from monitor.model import (
+    MODES,
+    STATE_SENTENCES,
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    DeviceKind,
+    PointKey,
+    Timing,
+)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -41,12 +50,6 @@ INSTALL_HINT = "pip install 'crossover-monitor[plot]'"
 _FETCH_TIMEOUT_S = 10.0
 _LABEL_MINOR_BELOW = 100.0  # a y range (max / min) under which minor ticks get labels
 _MODE_STYLE = {"compute": ("-", "o"), "end_to_end": ("--", "s")}
-_STATE_TEXT = {
-    CrossoverState.GPU_NEVER_FASTER: "GPU never faster",
-    CrossoverState.GPU_ALWAYS_FASTER: "GPU always faster",
-    CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
-    CrossoverState.NO_GPU: "no GPU measured: nothing to compare the CPU with",
-}
 
 
 class PlotError(MonitorError):
@@ -313,7 +316,7 @@ def _draw_crossovers(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, 
                 fontsize="x-small",
                 color=colors.get(c.gpu, "grey"),
             )
-        elif c.state in _STATE_TEXT:
+        elif c.state in STATE_SENTENCES and c.state is not CrossoverState.WITHHELD:
             who = c.cpu if c.state is CrossoverState.NO_GPU else f"{c.gpu} vs {c.cpu}"
             # A legend entry with no line: the state is read where the curves are named.
-            axes.plot([], [], linestyle="none", label=f"{who} {c.mode}: {_STATE_TEXT[c.state]}")
+            axes.plot([], [], linestyle="none", label=f"{who} {c.mode}: {STATE_SENTENCES[c.state]}")

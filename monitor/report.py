@@ -13,6 +13,7 @@ from monitor.codec import from_data, to_data
 from monitor.history import Run
 from monitor.model import (
     GPU_PROBLEM,
+    STATE_SENTENCES,
     Crossover,
     CrossoverState,
     DeviceInfo,
@@ -62,13 +63,9 @@ def _crossover_line(c: Crossover) -> str:
                 f"{c.ci_upper:.0f} (95%; the service widens this by the moves of recent sweeps)"
             )
         return line + ")"
-    text = {
-        CrossoverState.GPU_NEVER_FASTER: "the GPU was never faster at the measured sizes",
-        CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
-        CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
-        CrossoverState.NO_GPU: "no GPU was measured, so there is nothing to compare the CPU with",
-        CrossoverState.WITHHELD: "withheld: the GPU or the CPU was in use by other work (see 'withheld' below)",
-    }[c.state]
+    text = STATE_SENTENCES.get(c.state, c.state.value)
+    if c.state is CrossoverState.WITHHELD:
+        text += " (see 'withheld' below)"
     return head + text
 
 

@@ -33,6 +33,7 @@ from monitor.model import (
     SweepOutcome,
     SweepResult,
     Withheld,
+    failed_devices,
 )
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
 
@@ -178,7 +179,7 @@ class _Collected:
         elif isinstance(message, DeviceFailure):
             self.failures.append(message)
             log.warning(
-                "device failed" if message.point is None else "point failed",
+                "device failed" if message.whole_device else "point failed",
                 extra={"device": message.device, "reason": message.reason},
             )
         elif isinstance(message, Withheld):
@@ -222,7 +223,7 @@ def _collect(
 def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
     """The explicit WITHHELD state for every GPU–CPU pair of which one side was withheld."""
     withheld = {w.device for w in collected.withheld}
-    failed = {f.device for f in collected.failures if f.point is None}
+    failed = failed_devices(collected.failures)
     cpus = [d for d in collected.devices if d.kind == "cpu" and d.device not in failed]
     gpus = [d for d in collected.devices if d.kind == "gpu" and d.device not in failed]
     return [
@@ -277,8 +278,8 @@ def run_sweep(
     # A device that failed part-way through keeps none of its points: a truncated curve would
     # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
     # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point.
-    device_failures = [f for f in collected.failures if f.point is None]
-    left_out = {f.device for f in device_failures} | {w.device for w in collected.withheld}
+    device_failures = [f for f in collected.failures if f.whole_device]
+    left_out = failed_devices(device_failures) | {w.device for w in collected.withheld}
     measurements = [m for m in collected.measurements if m.key.device not in left_out]
     finished = clock()
     derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements)]

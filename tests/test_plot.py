@@ -224,7 +224,7 @@ def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
     legend = axes.get_legend()
     assert legend is not None
     labels = [text.get_text() for text in legend.get_texts()]
-    assert "/CPU:0 compute: no GPU measured: nothing to compare the CPU with" in labels
+    assert "/CPU:0 compute: no GPU was measured, so there is nothing to compare the CPU with" in labels
     assert not [label for label in labels if label.startswith("n*")]
 
 
