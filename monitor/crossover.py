@@ -11,6 +11,7 @@ level decides it. Its interval comes from resampling those visits, not the block
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import random
@@ -97,8 +98,8 @@ def locate(points: Sequence[SpeedupPoint]) -> Located:
     """The crossover of one GPU against one CPU from its speed-up points, with its interval.
 
     n* is the last crossing of the points' median speed-ups, fitted through the revisited sizes
-    around it where there are enough of them (``_crossing``). A win of the GPU at a size below it
-    (or anywhere, when the GPU loses at the largest size) means the curves cross more than once
+    around it where there are enough of them (``_crossing``). A win of the GPU at a size below that
+    last change of lead (or anywhere, when the GPU loses at the largest size) means the curves cross more than once
     (AMBIGUOUS) only when the visits agree on that win; a point timed once is taken at its word.
     The interval is the spread of n* over resampled visits, widened to where the next sweep's n*
     should land if nothing changed; None when no point was timed in several visits, or too few
@@ -125,6 +126,8 @@ def locate(points: Sequence[SpeedupPoint]) -> Located:
             medians[i] = statistics.median(rng.choices(ratios, k=len(ratios))) + rng.gauss(0, smoothing)
         for i in wins:
             win_counts[i] += medians[i] > 0
+        # Each resample takes whichever path (line or bracket) its medians allow, as the next sweep's
+        # visits will: a sweep near the edge of fitting lands where either path puts it.
         resampled = _crossing(points, medians)
         if resampled[0] is CrossoverState.FOUND and resampled[1] is not None:
             found.append(resampled[1])
@@ -159,16 +162,19 @@ def _crossing(
         return state, size, lower, upper
     xs, ys = [x for x, _ in near], [y for _, y in near]
     x_mean, y_mean = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - x_mean) * (y - y_mean) for x, y in near) / sum((x - x_mean) ** 2 for x in xs)
+    spread = sum((x - x_mean) ** 2 for x in xs)
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in near) / spread if spread > 0 else 0.0
     if slope <= 0:
         return state, size, lower, upper
     zero = x_mean - y_mean / slope
     if not xs[0] <= zero <= xs[-1]:
         return state, size, lower, upper
-    fitted = math.exp(zero)
-    below = max(n for n in sizes if n <= fitted)
-    above = min((n for n in sizes if n > fitted), default=below)
-    return state, fitted, below, above
+    # The measured sizes either side, found on the log scale the zero was checked on (exp() may round
+    # it past an end size); a zero on the largest size lies between it and the one before.
+    logs = [math.log(n) for n in sizes]
+    above = min(bisect.bisect_right(logs, zero), len(sizes) - 1)
+    below, above = sizes[above - 1], sizes[above]
+    return state, min(max(math.exp(zero), below), above), below, above
 
 
 def _smoothing(ratios: Sequence[float]) -> float:

@@ -182,8 +182,8 @@ class Crossover:
     dtype: str
     mode: Mode
     state: CrossoverState
-    size: float | None = None  # interpolated n*, only when state is FOUND
-    lower: float | None = None  # the measured sizes bracketing n*
+    size: float | None = None  # n* (fitted or interpolated: monitor/crossover.py), only when state is FOUND
+    lower: float | None = None  # the measured sizes either side of n*
     upper: float | None = None
     # Where the next sweep's n* should land (95%) if nothing changes, from resampling the visits of the
     # sizes around it; None when no size was timed in several visits.

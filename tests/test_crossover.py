@@ -209,6 +209,20 @@ def test_sizes_timed_once_keep_the_bracket_interpolation() -> None:
     assert (found.lower, found.upper) == (76, 91)
 
 
+@pytest.mark.parametrize("sizes", [(524, 577, 657, 736), (1242, 1393, 1584, 1744)])
+def test_a_fitted_crossover_on_an_end_size_stays_between_two_measured_sizes(sizes: tuple[int, ...]) -> None:
+    """A line crossing zero exactly at the first or last fitted size: n* is that size, its bracket two sizes."""
+    for n0 in (sizes[0], sizes[-1]):
+        ratios = {n: 0.3 * math.log(n / n0) for n in sizes}
+        ratios[sizes[-1]] = max(ratios[sizes[-1]], 1e-12)  # the GPU ahead at the largest size
+        found = locate([*_visited(ratios), SpeedupPoint(4 * sizes[-1], (1.0,))])
+        assert found.size is not None
+        assert found.lower is not None
+        assert found.upper is not None
+        assert found.lower < found.upper
+        assert found.lower <= found.size <= found.upper
+
+
 def test_ties_below_a_fitted_crossover_are_not_read_as_a_second_crossing() -> None:
     """The line puts n* above sizes where the GPU led by 1%: a tie inside the bracket's reach, not ambiguity."""
     found = locate(_visited({64: -0.5, 76: -0.45, 91: 0.01, 108: 0.01, 128: 0.01, 512: 1.0}))

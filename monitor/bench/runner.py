@@ -384,9 +384,11 @@ _ALIGN = 8
 
 
 def between(lower: int, upper: int, spacing: float) -> list[int]:
-    """The fewest sizes between two with no two neighbours more than ``spacing`` apart (ratio − 1),
-    each the largest multiple of ``_ALIGN`` in reach of the one before it, or the largest size when
-    no multiple is (small sizes)."""
+    """Sizes between two with no two neighbours more than ``spacing`` apart (ratio − 1), each as far
+    from the one before as that allows: the largest multiple of ``_ALIGN`` in reach when it is at
+    least half as far as the reach, else the largest size in reach (small sizes, where multiples of
+    8 are far apart). Aligned sizes can take one more size per bracket than unaligned ones would
+    (64-128: 72, 80, 96, 112)."""
     found: list[int] = []
     previous = lower
     while True:
@@ -394,7 +396,8 @@ def between(lower: int, upper: int, spacing: float) -> list[int]:
         if reach >= upper:
             return found
         aligned = reach - reach % _ALIGN
-        following = aligned if aligned > previous else max(reach, previous + 1)
+        far_enough = aligned - previous >= (reach - previous) / 2
+        following = aligned if aligned > previous and far_enough else max(reach, previous + 1)
         if following >= upper:
             return found
         found.append(following)
