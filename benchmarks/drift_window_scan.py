@@ -50,6 +50,27 @@ def fires(logs: np.ndarray, window: int, multiple: float, hold: int) -> np.ndarr
     return held
 
 
+Condition = tuple[int, float, int]  # window (sweeps), standard-error multiple, hold (sweeps)
+
+
+def false_onsets(logs: np.ndarray, sweeps: int, condition: Condition, *, rng: np.random.Generator) -> int:
+    """Onsets of the condition over ``sweeps`` idle sweeps drawn at random from ``logs``."""
+    alerts = fires(rng.choice(logs, sweeps), *condition)
+    return int(np.sum(alerts[1:] & ~alerts[:-1]) + alerts[0])
+
+
+def plant_waits(
+    logs: np.ndarray, factor: float, plants: int, condition: Condition, *, rng: np.random.Generator
+) -> list[int]:
+    """Sweeps until the condition fires after 200 idle sweeps and then every n* times ``factor`` (99: never)."""
+    waits = []
+    for _ in range(plants):
+        planted = np.r_[rng.choice(logs, 200), rng.choice(logs, 60) + math.log(factor)]
+        after = np.nonzero(fires(planted, *condition)[200:])[0]
+        waits.append(int(after[0]) + 1 if len(after) else 99)
+    return waits
+
+
 def main() -> None:
     rng = np.random.default_rng(1)
     for window in (4, 6, 8, 12, 24):
@@ -58,15 +79,10 @@ def main() -> None:
                 row = []
                 for name, sizes in VALUES.items():
                     logs = np.log(sizes)
-                    alerts = fires(rng.choice(logs, SWEEPS), window, multiple, hold)
-                    false_alerts = int(np.sum(alerts[1:] & ~alerts[:-1]) + alerts[0])
+                    false_alerts = false_onsets(logs, SWEEPS, (window, multiple, hold), rng=rng)
                     delays = []
                     for factor in (1.3, 0.7, 0.77):
-                        waits = []
-                        for _ in range(10):
-                            planted = np.r_[rng.choice(logs, 200), rng.choice(logs, 60) + math.log(factor)]
-                            after = np.nonzero(fires(planted, window, multiple, hold)[200:])[0]
-                            waits.append(int(after[0]) + 1 if len(after) else 99)
+                        waits = plant_waits(logs, factor, 10, (window, multiple, hold), rng=rng)
                         delays.append(f"x{factor}:{int(np.median(waits))}/{max(waits)}")
                     row.append(f"{name} false={false_alerts} " + " ".join(delays))
                 print(f"W={window} m={multiple} hold={hold} | " + " | ".join(row))

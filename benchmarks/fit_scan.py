@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from drift_window_scan import SWEEPS, fires  # noqa: E402
+from drift_window_scan import SWEEPS, false_onsets, plant_waits  # noqa: E402
 from replay import load  # noqa: E402
 
 from monitor.crossover import SpeedupPoint, last_crossing, speedup_point  # noqa: E402
@@ -105,15 +105,10 @@ def main() -> None:
                 row = []
                 for name, values in chosen.items():
                     rng = np.random.default_rng(2)
-                    alerts = fires(rng.choice(values, 3 * SWEEPS), window, multiple, hold)
-                    false_alerts = int(np.sum(alerts[1:] & ~alerts[:-1]) + alerts[0])
+                    false_alerts = false_onsets(values, 3 * SWEEPS, (window, multiple, hold), rng=rng)
                     caught = []
                     for factor in (1.3, 0.77):
-                        waits = []
-                        for _ in range(200):
-                            planted = np.r_[rng.choice(values, 200), rng.choice(values, 60) + math.log(factor)]
-                            after = np.nonzero(fires(planted, window, multiple, hold)[200:])[0]
-                            waits.append(int(after[0]) + 1 if len(after) else 99)
+                        waits = plant_waits(values, factor, 200, (window, multiple, hold), rng=rng)
                         caught.append(f"{np.mean(np.array(waits) <= 8):.2f}/{max(waits)}")
                     row.append(f"{name} false={false_alerts} " + " ".join(caught))
                 print(f"W={window} m={multiple} hold={hold} | " + " | ".join(row), flush=True)
