@@ -38,6 +38,17 @@ def _spin(seconds: float) -> None:
         pass
 
 
+# Another program busy (on the core given as its argument, if any); it ends by itself, should the test die first.
+SPIN_FOR_A_MINUTE = """
+import os, sys, time
+if len(sys.argv) > 1:
+    os.sched_setaffinity(0, {int(sys.argv[1])})
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    pass
+"""
+
+
 class CurveBackend:
     """Devices whose per-call time follows cpu_seconds / gpu_seconds, so the crossover is known."""
 

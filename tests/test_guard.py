@@ -23,7 +23,6 @@ import pytest
 
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
-from monitor.bench.hostinfo import ProcStatMeter
 from monitor.bench.runner import run_plan
 from monitor.carry import merge
 from monitor.model import (
@@ -43,18 +42,9 @@ from monitor.settings import GuardSettings
 from monitor.state import StateStore
 from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
 from tests.conftest import free_port, make_plan
-from tests.fakes import CurveBackend
+from tests.fakes import SPIN_FOR_A_MINUTE, CurveBackend
 
 OWN_PID = 1000
-# Another program busy (on the core given as its argument, if any); it ends by itself, should the test die first.
-SPIN_FOR_A_MINUTE = """
-import os, sys, time
-if len(sys.argv) > 1:
-    os.sched_setaffinity(0, {int(sys.argv[1])})
-end = time.monotonic() + 60
-while time.monotonic() < end:
-    pass
-"""
 IDLE = GpuSample(processes=(GpuProcess(pid=OWN_PID),), utilization_pct=0.0, sm_clock_hz=1.98e9)
 JOB = GpuProcess(pid=4242, name="train.py")
 
@@ -512,50 +502,6 @@ def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:
     assert (gpu.reason, cpu.reason) == (WithheldReason.GPU_BUSY, WithheldReason.YIELDED)
 
 
-def test_proc_stat_meter_measures_how_long_this_process_waited_for_a_cpu() -> None:
-    """The real meter: this process sharing one core with a spinner waits about half the time; alone, hardly."""
-    script = r"""
-import os, subprocess, sys, time
-from monitor.bench.hostinfo import ProcStatMeter
-core = min(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {core})
-meter = ProcStatMeter()
-
-def spin_window():
-    started, end = meter.start(), time.perf_counter() + 1.0
-    while time.perf_counter() < end:
-        pass
-    return meter.stop(started).own_wait
-
-alone = spin_window()
-spinner = subprocess.Popen([sys.executable, "-c", sys.argv[1], str(core)])  # on the same core
-try:
-    time.sleep(0.3)
-    shared = spin_window()
-finally:
-    spinner.kill()
-print(alone, shared)
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script, SPIN_FOR_A_MINUTE], capture_output=True, text=True, timeout=60, check=True
-    )
-    alone, shared = (float(x) for x in done.stdout.split())
-    assert alone < 0.1, done.stdout
-    assert 0.3 < shared < 0.7, done.stdout  # CFS shares the core about evenly
-
-
-def test_proc_stat_meter_without_schedstat_says_the_wait_is_unknown(tmp_path: Path) -> None:
-    """A kernel without schedstat: own_wait is None (unknown, so no GPU point is withheld for it), not 0."""
-    meter = ProcStatMeter(schedstat=tmp_path / "no-schedstat")
-    assert meter.stop(meter.start()).own_wait is None
-    (tmp_path / "schedstat").write_text("1000 2500000000 7\n")  # ns on CPU, ns waiting, timeslices
-    meter = ProcStatMeter(schedstat=tmp_path / "schedstat")
-    started = meter.start()
-    (tmp_path / "schedstat").write_text("1000 2600000000 8\n")
-    load = meter.stop(started)
-    assert load.own_wait == pytest.approx(0.1 / load.wall_s)
-
-
 def _wait_until_spinning(spinners: list[subprocess.Popen[bytes]], timeout_s: float = 20.0) -> None:
     """Until every spinner has spent CPU time in its loop: under load an interpreter may take seconds to start."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -603,27 +549,6 @@ def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> 
     assert not [m for m in busy.measurements if m.key.device == "/GPU:0"]
 
 
-def test_proc_stat_meter_tells_the_hypervisors_steal_apart(tmp_path: Path) -> None:
-    """Steal on the worker's vCPUs is others' load, and is also reported on its own, in cores."""
-    stat = tmp_path / "stat"
-    cores = sorted(os.sched_getaffinity(0))
-    tick = 1 / os.sysconf("SC_CLK_TCK")
-
-    def write(steal_ticks: int) -> None:  # user nice system idle iowait irq softirq steal guest guest_nice
-        lines = [f"cpu{core} 100 0 50 9000 0 0 0 {steal_ticks} 0 0" for core in cores]
-        stat.write_text("\n".join(["cpu  1 2 3 4 5 6 7 8 0 0", *lines, "intr 0"]) + "\n")
-
-    write(0)
-    meter = ProcStatMeter(proc_stat=stat)
-    started = meter.start()
-    time.sleep(0.2)
-    write(20)  # 20 ticks of steal on every vCPU
-    load = meter.stop(started)
-    stolen = len(cores) * 20 * tick - len(cores) ** 0.5 * tick  # less the meter's rounding allowance
-    assert load.steal_cores == pytest.approx(stolen / load.wall_s)
-    assert 0 < load.other_cores <= load.steal_cores  # the steal is others' load (less this process's own time)
-
-
 def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
     """The CPU's hardware context carries the most steal of any of its points beside the load it is part of."""
 
@@ -640,50 +565,6 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
     _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
-
-
-def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:
-    """The real meter: others' load over a window includes all the CPU a spinning child used in it."""
-    meter = ProcStatMeter()
-    tick = 1 / os.sysconf("SC_CLK_TCK")
-
-    def cpu_seconds(pid: int) -> float:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) * tick  # utime + stime
-
-    spinner = subprocess.Popen([sys.executable, "-c", SPIN_FOR_A_MINUTE])
-    try:
-        time.sleep(0.3)
-        before, started, wall = cpu_seconds(spinner.pid), meter.start(), time.monotonic()
-        time.sleep(1.0)
-        load = meter.stop(started)
-        spun = (cpu_seconds(spinner.pid) - before) / (time.monotonic() - wall)
-    finally:
-        spinner.kill()
-        spinner.wait()
-    assert spun > 0.3  # it did run (on a loaded machine it gets less than a core)
-    assert load.other_cores > spun - 0.25, (load, spun)  # the rounding the meter takes off, and ticks
-    assert load.other_cores <= len(os.sched_getaffinity(0))
-
-
-def test_proc_stat_meter_does_not_count_this_process() -> None:
-    """This process's own busy loop is not others' load (against quiet seconds before and after it)."""
-    meter = ProcStatMeter()
-
-    def others(work: Callable[[], None]) -> float:
-        started = meter.start()
-        work()
-        return meter.stop(started).other_cores
-
-    def spin() -> None:
-        end = time.perf_counter() + 1.0
-        while time.perf_counter() < end:
-            pass
-
-    quiet = [others(lambda: time.sleep(1.0))]
-    busy = others(spin)
-    quiet.append(others(lambda: time.sleep(1.0)))
-    assert busy - max(quiet) < 0.5, (quiet, busy)
 
 
 @pytest.mark.slow
