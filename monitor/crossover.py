@@ -45,8 +45,8 @@ _NEXT_SWEEP_WIDENING = math.sqrt(2)
 # fresh processes, beyond what 7 visits average out), and the curves there meet at a shallow angle,
 # so the two bracketing sizes alone put n* anywhere in a x1.7 span; a line through the five to nine
 # sizes around them halves the variance of log n* between idle sweeps (log SD 0.153 -> 0.103;
-# PyTorch end_to_end 0.089 -> 0.077, both compute modes within a few percent of before:
-# benchmarks/README.md, "Fourth session").
+# PyTorch end_to_end 0.089 -> 0.077, TensorFlow compute 0.039 -> 0.032; PyTorch compute, whose steep
+# curve two sizes already pin, 0.063 -> 0.077: benchmarks/README.md, "Fourth session").
 _FIT_REACH = 1.5
 _FIT_MIN_POINTS = 3
 
