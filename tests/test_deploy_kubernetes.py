@@ -13,6 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from monitor import __version__
 from monitor.cli import _parser
 from monitor.daemon import STOP_WAIT_S
 from monitor.settings import DEFAULT_PORT
@@ -99,6 +100,12 @@ def test_kustomization_lists_every_manifest() -> None:
     assert sorted(kustomization["resources"]) == sorted(p.name for p in manifests())
     (container,) = load(HERE / "daemonset.yaml")["spec"]["template"]["spec"]["containers"]
     assert container["image"].split(":")[0] in {image["name"] for image in kustomization["images"]}
+
+
+def test_the_image_tag_names_this_release() -> None:
+    """Every node pulls the image of the release the manifests come from, never a moving tag."""
+    (image,) = load(HERE / "kustomization.yaml")["images"]
+    assert image["newTag"] == f"{__version__}-gpu"
 
 
 def gpu_resources(pod_spec: dict[str, Any]) -> list[str]:
