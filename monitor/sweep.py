@@ -279,7 +279,7 @@ def run_sweep(
     # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
     # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point.
     device_failures = [f for f in collected.failures if f.whole_device]
-    left_out = failed_devices(device_failures) | {w.device for w in collected.withheld}
+    left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld}
     measurements = [m for m in collected.measurements if m.key.device not in left_out]
     finished = clock()
     derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements)]

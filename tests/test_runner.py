@@ -96,9 +96,9 @@ def test_refinement_stops_when_its_budget_is_spent() -> None:
     assert {m.timing.visit_count for m in measurements} == {1}
 
 
-def _noisy_sweep(seed: int, *, refine: bool, process_spread: float = 0.0) -> Crossover:
+def _noisy_sweep(seed: int, *, refine: bool) -> Crossover:
     """One sweep of the visit-noise backend (levels ±10% a visit) around its true n ≈ 79.4."""
-    crossover, _ = _noisy_sweep_and_points(seed, refine=refine, process_spread=process_spread)
+    crossover, _ = _noisy_sweep_and_points(seed, refine=refine, process_spread=0.0)
     return crossover
 
 
