@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -117,25 +117,54 @@ def test_proc_stat_meter_without_schedstat_says_the_wait_is_unknown(tmp_path: Pa
     assert load.own_wait == pytest.approx(0.1 / load.wall_s)
 
 
-def test_proc_stat_meter_tells_the_hypervisors_steal_apart(tmp_path: Path) -> None:
-    """Steal on the worker's vCPUs is others' load, and is also reported on its own, in cores."""
+def _fake_meter(stat: Path, own_cpu_s: list[float]) -> ProcStatMeter:
+    """A meter on a written /proc/stat whose window lasts exactly one second of wall time."""
+    walls = iter([100.0, 101.0])
+    owns = iter(own_cpu_s)
+    return ProcStatMeter(proc_stat=stat, clock=lambda: next(walls), own_cpu_time=lambda: next(owns))
+
+
+def _write_proc_stat(stat: Path, cores: Sequence[int], user: int, idle: int, steal: int) -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+    lines = [f"cpu{core} {user} 0 50 {idle} 0 0 0 {steal} 0 0" for core in cores]
+    stat.write_text("\n".join(["cpu  1 2 3 4 5 6 7 8 0 0", *lines, "intr 0"]) + "\n")
+
+
+def test_proc_stat_meter_counts_busy_time_from_idle_time_not_tick_samples(tmp_path: Path) -> None:
+    """Others' load is the cores' time not idle less this process's; steal the guest also counted idle is not in it.
+
+    A VM's steal clock counts the wake-up latency of an idle vCPU that the guest counts idle too, so
+    /proc/stat's fields add up to more than the wall time; the sum of its busy fields would read that
+    as others' load (an idle H200 VM: 1-2 cores of it beside TensorFlow's threads).
+    """
     stat = tmp_path / "stat"
     cores = sorted(os.sched_getaffinity(0))
     tick = 1 / os.sysconf("SC_CLK_TCK")
-
-    def write(steal_ticks: int) -> None:  # user nice system idle iowait irq softirq steal guest guest_nice
-        lines = [f"cpu{core} 100 0 50 9000 0 0 0 {steal_ticks} 0 0" for core in cores]
-        stat.write_text("\n".join(["cpu  1 2 3 4 5 6 7 8 0 0", *lines, "intr 0"]) + "\n")
-
-    write(0)
-    meter = ProcStatMeter(proc_stat=stat)
+    second = round(1 / tick)
+    _write_proc_stat(stat, cores, user=100, idle=9000, steal=0)
+    meter = _fake_meter(stat, [5.0, 5.25])  # this process used 0.25 s of CPU in the window
     started = meter.start()
-    time.sleep(0.2)
-    write(20)  # 20 ticks of steal on every vCPU
+    # Each core: 40% of the second busy, 60% idle, and 30% steal, half of it counted idle as well.
+    _write_proc_stat(stat, cores, user=100 + second * 4 // 10, idle=9000 + second * 6 // 10, steal=second * 3 // 10)
     load = meter.stop(started)
-    stolen = len(cores) * 20 * tick - len(cores) ** 0.5 * tick  # less the meter's rounding allowance
-    assert load.steal_cores == pytest.approx(stolen / load.wall_s)
-    assert 0 < load.other_cores <= load.steal_cores  # the steal is others' load (less this process's own time)
+    rounding = len(cores) ** 0.5 * tick
+    assert load.wall_s == pytest.approx(1.0)
+    assert load.other_cores == pytest.approx(len(cores) * 0.4 - 0.25 - rounding)
+    assert load.steal_cores == pytest.approx(len(cores) * 0.3 - rounding)
+    tick_samples = len(cores) * (0.4 + 0.3) - 0.25 - rounding  # user and steal summed, as the meter once did
+    assert load.other_cores < tick_samples - 0.25 * len(cores)
+
+
+def test_proc_stat_meter_leaves_out_cores_that_proc_stat_does_not_list(tmp_path: Path) -> None:
+    """A container's remapped /proc/stat may list fewer cores than the affinity mask: those count as neither."""
+    stat = tmp_path / "stat"
+    cores = sorted(os.sched_getaffinity(0))
+    second = round(os.sysconf("SC_CLK_TCK"))
+    _write_proc_stat(stat, cores[:1], user=100, idle=9000, steal=0)
+    meter = _fake_meter(stat, [5.0, 5.0])
+    started = meter.start()
+    _write_proc_stat(stat, cores[:1], user=100, idle=9000 + second, steal=0)  # the one listed core idled
+    assert meter.stop(started).other_cores == 0.0
 
 
 def test_proc_stat_meter_sees_a_process_spinning_beside_it() -> None:

@@ -85,8 +85,10 @@ class HostLoad:
     other_cores: float  # their CPU time over the window's wall time, in cores
     throttled_s: float  # time the container's CPU quota throttled this cgroup
     wall_s: float = 1.0  # how long the window lasted
-    # The hypervisor's share of other_cores: time the VM's vCPUs waited for the host (steal), in cores.
-    # Unlike another process it lands on the worker's own vCPUs, which the guest cannot route around.
+    # Time the VM's vCPUs waited for the host (steal), in cores, as /proc/stat's ticks sample it. Unlike
+    # another process it lands on the worker's own vCPUs, which the guest cannot route around. The steal
+    # that took a running vCPU is in other_cores; the wake-up latency of an idle one, which the steal
+    # clock counts too while the guest counts the same time idle, is not.
     steal_cores: float = 0.0
     # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
     # worker's own threads, had them all); None where the kernel does not say.

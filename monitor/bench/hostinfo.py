@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +75,9 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
 
 @dataclass(frozen=True)
 class _Reading:
-    busy_s: float  # CPU time spent on the worker's cores by anyone (steal included)
-    steal_s: float  # of which the hypervisor kept the vCPUs waiting (steal)
+    cores_seen: int  # how many of the worker's cores /proc/stat listed
+    idle_s: float  # time those cores sat idle (idle and iowait), summed over them
+    steal_s: float  # time the hypervisor kept the worker's vCPUs waiting (steal), summed over them
     own_s: float  # CPU time of this process, all its threads
     wall_s: float
     throttled_s: float
@@ -85,6 +87,13 @@ class _Reading:
 class ProcStatMeter:
     """Other processes' load on this process's cores, from /proc/stat and the cgroup's throttling counters.
 
+    Others' load is the time the cores were not idle, less this process's own CPU time. Not idle is
+    wall time less /proc/stat's idle and iowait, which a tickless kernel measures at every idle
+    entry and exit, rather than the sum of its user, system and steal fields, which are tick
+    samples: on an idle 16-vCPU H200 VM (HZ=250) with TensorFlow's 15 threads waking and sleeping,
+    those read 1–2 cores more than the cores were busy — the hypervisor's steal, sampled at the
+    tick, double counts the wake-up latency of vCPUs that the guest also counts as idle — and the
+    guard withheld the CPU of one idle sweep in three (benchmarks/README.md, "cpu_accounting.py").
     /proc/stat counts in clock ticks, so a short window carries a rounding error of about a tick per
     core; ``stop`` takes the statistical part of it (√cores ticks) off before reporting.
     """
@@ -95,8 +104,12 @@ class ProcStatMeter:
         proc_stat: Path = Path("/proc/stat"),
         root: Path = CGROUP_ROOT,
         schedstat: Path = Path("/proc/thread-self/schedstat"),
+        clock: Callable[[], float] = time.monotonic,
+        own_cpu_time: Callable[[], float] = time.process_time,
     ) -> None:
         self._proc_stat = proc_stat
+        self._clock = clock
+        self._own_cpu_time = own_cpu_time
         self._schedstat = schedstat
         self._cores = sorted(os.sched_getaffinity(0))
         self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -107,18 +120,19 @@ class ProcStatMeter:
 
     def _read(self) -> _Reading:
         wanted = {f"cpu{core}" for core in self._cores}
-        busy_ticks = steal_ticks = 0
+        seen = idle_ticks = steal_ticks = 0
         for line in self._proc_stat.read_text().splitlines():
             name, *fields = line.split()
             if name in wanted:
-                # user nice system idle iowait irq softirq steal ...: everything but idle and iowait
+                # user nice system idle iowait irq softirq steal ...
                 values = [int(v) for v in fields[:8]]
-                busy_ticks += sum(values) - values[3] - values[4]
+                seen += 1
+                idle_ticks += values[3] + values[4]
                 steal_ticks += values[7]
+        wall = self._clock()  # next to the read: the cores' wall time is set against their idle time
         tick, throttled = self._tick_s, self._throttled_s()
-        return _Reading(
-            busy_ticks * tick, steal_ticks * tick, time.process_time(), time.monotonic(), throttled, self._own_wait_s()
-        )
+        own, waited = self._own_cpu_time(), self._own_wait_s()
+        return _Reading(seen, idle_ticks * tick, steal_ticks * tick, own, wall, throttled, waited)
 
     def _own_wait_s(self) -> float | None:
         """The calling thread's run-queue wait so far (schedstat's second field, in ns).
@@ -154,7 +168,9 @@ class ProcStatMeter:
             raise TypeError("stop() takes what start() returned")
         now = self._read()
         wall = max(now.wall_s - started.wall_s, 1e-9)
-        others = (now.busy_s - started.busy_s) - (now.own_s - started.own_s)
+        # A core /proc/stat does not list (a container's remapped view) counts as neither busy nor idle.
+        busy = min(now.cores_seen, started.cores_seen) * wall - (now.idle_s - started.idle_s)
+        others = busy - (now.own_s - started.own_s)
         rounding = math.sqrt(len(self._cores)) * self._tick_s
         return HostLoad(
             other_cores=max(0.0, others - rounding) / wall,
