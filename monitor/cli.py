@@ -6,9 +6,11 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from monitor import __version__
@@ -24,9 +26,10 @@ from monitor.errors import (
 )
 from monitor.logs import configure
 from monitor.model import SweepResult
+from monitor.nodecheck import Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
-from monitor.settings import Settings
+from monitor.settings import Settings, parse_duration
 
 log = logging.getLogger("monitor")
 
@@ -114,6 +117,35 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
     history.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    node = command("node-check", "answer as a node-problem-detector plugin from the running service (exit 0/1/2)")
+    node.add_argument(
+        "--url",
+        default="http://127.0.0.1:9437/metrics",
+        help="the running service's /metrics; empty: ask only Prometheus (default: %(default)s)",
+    )
+    node.add_argument(
+        "--check",
+        choices=[c.value for c in Check],
+        default=Check.DEGRADED.value,
+        help="degraded: a GPU failed or (with Prometheus) its throughput fell; drift: the crossover moved, "
+        "as the alert rules judge it (needs --prometheus.url). Default: %(default)s",
+    )
+    node.add_argument(
+        "--prometheus.url", dest="prometheus_url", metavar="URL", help="ask this Prometheus for the alerts firing"
+    )
+    node.add_argument(
+        "--instance",
+        default=os.environ.get("NODE_NAME") or f"{socket.gethostname()}:9437",
+        help="this node's instance label in Prometheus (default: $NODE_NAME, the node's name under Kubernetes; "
+        "else HOSTNAME:9437, as a static scrape target names it)",
+    )
+    node.add_argument("--timeout", default="10s", metavar="DURATION", help="per request (default: %(default)s)")
+    node.add_argument(
+        "--max-age",
+        metavar="DURATION",
+        help="results older than this are stale: unknown (default: two schedule intervals and 10m)",
+    )
+
     plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
@@ -176,6 +208,29 @@ def _once(settings: Settings, as_json: bool) -> int:
     return EXIT_OK if outcome.result is SweepResult.SUCCESS else EXIT_FAILURE
 
 
+def _node_check(args: argparse.Namespace) -> int:
+    from monitor.nodecheck import Request, Status, run  # noqa: PLC0415 - only this command needs it
+
+    durations = {}
+    for flag, value in (("--timeout", args.timeout), ("--max-age", args.max_age)):
+        seconds = None if value is None else parse_duration(value)
+        if value is not None and (seconds is None or seconds <= 0):
+            print(f"unknown: {flag} must be a positive duration such as 10s or 2h, got {value!r}")
+            return int(Status.UNKNOWN)
+        durations[flag] = seconds
+    request = Request(
+        url=args.url,
+        check=Check(args.check),
+        prometheus_url=args.prometheus_url,
+        instance=args.instance,
+        timeout_s=durations["--timeout"] or 10.0,
+        max_age_s=durations["--max-age"],
+    )
+    verdict = run(request, now=time.time())
+    print(verdict.message)  # node-problem-detector takes standard output as the condition's message
+    return int(verdict.status)
+
+
 def _plot(args: argparse.Namespace) -> int:
     from monitor.plot import PlotError, plot  # noqa: PLC0415 - matplotlib is an optional extra
 
@@ -220,8 +275,13 @@ def _config_schema() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure(args.log_format, args.log_level)
-    if args.command == "config-schema":
-        return _config_schema()
+    # Commands with no configuration of their own (node-check is a client of the running service).
+    standalone: dict[str, Callable[[], int]] = {
+        "config-schema": _config_schema,
+        "node-check": lambda: _node_check(args),
+    }
+    if args.command in standalone:
+        return standalone[args.command]()
     try:
         settings = _settings(args)
         if args.command == "check-config":

@@ -7,11 +7,7 @@ optional ``plot`` extra: it is imported only when a chart is drawn, so a missing
 from __future__ import annotations
 
 import datetime as dt
-import http.client
 import json
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +24,6 @@ from monitor.metrics import (
     DEVICE_DETAIL_LABELS,
     DEVICE_INFO,
     DURATION,
-    parse_exposition,
 )
 from monitor.model import (
     MODES,
@@ -40,6 +35,7 @@ from monitor.model import (
     PointKey,
     Timing,
 )
+from monitor.scrape import ScrapeError, fetch_samples
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -137,22 +133,11 @@ def _listed(snapshot: Mapping[str, Any], key: str) -> list[Any]:
 
 def from_url(url: str) -> Chart:
     """The chart of the latest sweep a running service serves at ``url`` (its /metrics)."""
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-        raise PlotError(f"--from-url needs an http(s):// URL such as http://localhost:9437/metrics, got {url!r}")
     try:
-        with urllib.request.urlopen(url, timeout=_FETCH_TIMEOUT_S) as response:  # noqa: S310 - scheme checked above
-            text = response.read().decode("utf-8")
-    except UnicodeDecodeError:
-        raise PlotError(f"{url} did not answer with Prometheus metrics: the body is not UTF-8 text") from None
-    except urllib.error.HTTPError as exc:
-        raise PlotError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise PlotError(f"cannot fetch {url}: {reason}") from None
-    except (http.client.HTTPException, ValueError) as exc:  # e.g. a bad port in the URL, a non-HTTP answer
-        raise PlotError(f"cannot fetch {url}: {type(exc).__name__}: {exc}") from None
-    try:
-        chart = chart_from_samples(parse_exposition(text), title=url)
+        samples = fetch_samples(url, _FETCH_TIMEOUT_S, what="--from-url")
+        chart = chart_from_samples(samples, title=url)
+    except ScrapeError as exc:
+        raise PlotError(str(exc)) from None
     except (KeyError, ValueError) as exc:
         raise PlotError(f"{url} did not answer with Prometheus metrics of crossover-monitor: {exc!r}") from None
     return _checked(chart, url)

@@ -1,0 +1,199 @@
+"""``node-check``: a node-problem-detector custom plugin that answers from the running service's results.
+
+It runs no sweep of its own. What the node can tell for certain comes from the service's /metrics (a
+GPU that failed in the latest sweep, results gone stale); what needs history (the crossover drifting,
+throughput below its baseline) is judged where that history is, by the project's alert rules in
+Prometheus, and read back as the alerts firing for this node. So a node condition and a page never
+disagree about what "drifting" means.
+
+Exit codes are node-problem-detector's plugin contract: 0 OK, 1 a problem, 2 unknown; the first line
+of standard output is the condition's message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from monitor.metrics import BUILD_INFO, DEVICE_INFO, DEVICE_UP, DEVICE_WITHHELD, LAST_SUCCESS, NEXT_SWEEP
+from monitor.scrape import Sample, ScrapeError, fetch_samples, prometheus_query
+
+
+class Status(enum.IntEnum):
+    """node-problem-detector's plugin exit codes."""
+
+    OK = 0
+    PROBLEM = 1
+    UNKNOWN = 2
+
+
+class Check(enum.Enum):
+    """Which node condition is asked about (each its own rule in the node-problem-detector config)."""
+
+    DEGRADED = "degraded"  # a GPU failed, went missing from the sweep, or its throughput fell (alert)
+    DRIFT = "drift"  # the crossover moved from its baseline (alert; needs Prometheus)
+
+
+# The alerts each check reads back from Prometheus: the rules in deploy/prometheus/rules.yml.
+ALERTS = {
+    Check.DEGRADED: ("MatmulDeviceDown", "MatmulGpuThroughputDegraded"),
+    Check.DRIFT: ("MatmulCrossoverDrift",),
+}
+
+STALE_ALERT = "MatmulResultsStale"  # firing: what the other alerts say is old, so the answer is unknown
+
+# Without --max-age: results older than two schedule intervals and this allowance count as stale.
+_STALE_ALLOWANCE_S = 600.0
+_DEFAULT_MAX_AGE_S = 2 * 3600.0  # when the next sweep's time is not served (none scheduled)
+
+
+_ByName = dict[str, list[tuple[dict[str, str], float]]]  # samples by metric name
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: Status
+    message: str
+
+
+@dataclass(frozen=True)
+class Request:
+    url: str  # the service's /metrics
+    check: Check
+    prometheus_url: str | None
+    instance: str | None  # this node's `instance` label in Prometheus
+    timeout_s: float
+    max_age_s: float | None  # None: from the schedule the service serves
+
+
+def run(request: Request, now: float) -> Verdict:
+    """The verdict for one check; the service and Prometheus are each asked once."""
+    if request.check is Check.DRIFT and request.prometheus_url is None:
+        return Verdict(Status.UNKNOWN, "unknown: drift is judged by the alert rules; give --prometheus.url")
+    if not request.url and request.prometheus_url is None:
+        return Verdict(Status.UNKNOWN, "unknown: nothing to ask: give --url or --prometheus.url")
+    local = Verdict(Status.OK, "")
+    if request.url:  # empty: Prometheus alone (where the service cannot be reached from here)
+        try:
+            local = judge_service(fetch_samples(request.url, request.timeout_s), now, request.max_age_s)
+        except ScrapeError as exc:
+            local = Verdict(Status.UNKNOWN, f"unknown: crossover-monitor not read: {exc}")
+    if request.check is Check.DRIFT:
+        local = local if local.status is Status.UNKNOWN else Verdict(Status.OK, "")
+    if request.prometheus_url is None:
+        return local
+    if not request.instance:
+        alerts = Verdict(Status.UNKNOWN, "unknown: give --instance (this node's instance label) with --prometheus.url")
+    else:
+        alerts = _ask_prometheus(request.prometheus_url, ALERTS[request.check], request.instance, request.timeout_s)
+    return combine(local, alerts)
+
+
+def judge_service(samples: Iterable[Sample], now: float, max_age_s: float | None) -> Verdict:
+    """What the service's latest results say of the node's GPUs."""
+    by_name: _ByName = {}
+    for name, labels, value in samples:
+        by_name.setdefault(name, []).append((labels, value))
+    if BUILD_INFO not in by_name:
+        return Verdict(Status.UNKNOWN, "unknown: the URL serves no crossover-monitor metrics")
+    gpus = sorted(labels["device"] for labels, _ in by_name.get(DEVICE_INFO, []) if labels.get("kind") == "gpu")
+    return _devices(by_name, gpus) or _freshness(by_name, now, max_age_s) or _working(by_name, gpus)
+
+
+def _devices(by_name: _ByName, gpus: list[str]) -> Verdict | None:
+    """A verdict if the latest sweep lost a GPU, measured nothing, or found no GPU."""
+    up = {labels["device"]: value for labels, value in by_name.get(DEVICE_UP, [])}
+    if not up:
+        return Verdict(Status.UNKNOWN, "unknown: no sweep has finished yet")
+    if all(value == 0 for value in up.values()):
+        return Verdict(Status.UNKNOWN, "unknown: the latest sweep measured no device (see the service's log)")
+    # A device down that is not among those found is a GPU that was lost (the CPU is always found).
+    cpus = {labels["device"] for labels, _ in by_name.get(DEVICE_INFO, []) if labels.get("kind") == "cpu"}
+    failed = sorted(device for device, value in up.items() if value == 0 and device not in cpus)
+    if failed:
+        return Verdict(Status.PROBLEM, f"problem: GPU {', '.join(failed)} failed in the latest sweep")
+    if not gpus:
+        return Verdict(Status.UNKNOWN, "unknown: the service found no GPU (its landing page says why)")
+    return None
+
+
+def _freshness(by_name: _ByName, now: float, max_age_s: float | None) -> Verdict | None:
+    """A verdict if no sweep succeeded, or the latest success is older than two intervals (or --max-age)."""
+    last = _single(by_name, LAST_SUCCESS)
+    if last is None:
+        return Verdict(Status.UNKNOWN, "unknown: no sweep has succeeded yet")
+    limit = max_age_s if max_age_s is not None else _max_age(last, _single(by_name, NEXT_SWEEP))
+    if now - last > limit:
+        return Verdict(Status.UNKNOWN, f"unknown: the latest successful sweep is {_ago(now - last)} old")
+    return None
+
+
+def _working(by_name: _ByName, gpus: list[str]) -> Verdict:
+    last = _single(by_name, LAST_SUCCESS) or 0.0
+    withheld = {labels["device"] for labels, value in by_name.get(DEVICE_WITHHELD, []) if value == 1}
+    busy = [g for g in gpus if g in withheld]
+    note = f"; {', '.join(busy)} withheld (in use by other work)" if busy else ""
+    when = dt.datetime.fromtimestamp(last, tz=dt.UTC)
+    return Verdict(Status.OK, f"ok: {', '.join(gpus)} working, swept {when:%H:%M} UTC{note}")
+
+
+def combine(local: Verdict, alerts: Verdict) -> Verdict:
+    """A problem from either source wins; then an unknown; both OK is OK."""
+    for status in (Status.PROBLEM, Status.UNKNOWN):
+        found = [v.message for v in (local, alerts) if v.status is status and v.message]
+        if found:
+            return Verdict(status, "; ".join(found))
+    return Verdict(Status.OK, "; ".join(v.message for v in (local, alerts) if v.message))
+
+
+def _ask_prometheus(base_url: str, names: Sequence[str], instance: str, timeout_s: float) -> Verdict:
+    node = f"instance={_quoted(instance)}"
+    alerts = "|".join((*names, STALE_ALERT))
+    try:
+        # A wrong --instance would find no alert forever: first make sure Prometheus has this node at all.
+        present = prometheus_query(base_url, f"{BUILD_INFO}{{{node}}}", timeout_s)
+        firing = (
+            []
+            if not present
+            else prometheus_query(base_url, f'ALERTS{{alertstate="firing", alertname=~"{alerts}", {node}}}', timeout_s)
+        )
+    except ScrapeError as exc:
+        return Verdict(Status.UNKNOWN, f"unknown: alerts not read: {exc}")
+    if not present:
+        return Verdict(Status.UNKNOWN, f"unknown: Prometheus has no crossover-monitor series with {node}")
+    problems = sorted({_alert_text(a["metric"]) for a in firing if a["metric"].get("alertname") != STALE_ALERT})
+    if problems:
+        return Verdict(Status.PROBLEM, "problem: " + ", ".join(problems))
+    if firing:
+        return Verdict(Status.UNKNOWN, f"unknown: {STALE_ALERT} is firing: the results are old")
+    return Verdict(Status.OK, f"no {'/'.join(names)} alert")
+
+
+def _alert_text(labels: dict[str, str]) -> str:
+    """``MatmulCrossoverDrift (/GPU:0 end_to_end)``: the alert and what it is about, briefly."""
+    where = [labels[k] for k in ("gpu", "device", "mode") if labels.get(k)]
+    return f"{labels.get('alertname', 'alert')} ({' '.join(where)})" if where else labels.get("alertname", "alert")
+
+
+def _quoted(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _single(by_name: _ByName, name: str) -> float | None:
+    values = by_name.get(name)
+    return values[0][1] if values else None
+
+
+def _max_age(last_success: float, next_sweep: float | None) -> float:
+    """Two schedule intervals (read from when the next sweep is due) and an allowance for the sweep itself."""
+    if next_sweep is None or next_sweep <= last_success:
+        return _DEFAULT_MAX_AGE_S
+    return 2 * (next_sweep - last_success) + _STALE_ALLOWANCE_S
+
+
+def _ago(seconds: float) -> str:
+    hours, minutes = divmod(int(seconds // 60), 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"

@@ -1,0 +1,216 @@
+"""``node-check`` run as node-problem-detector runs it, against the real service and a real Prometheus in each state."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from monitor.cli import _parse
+from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine
+from tests.conftest import REPO, free_port
+from tests.service import RunningService, fake_config, stop_process, wait_until
+
+NPD_CONFIGS = sorted((REPO / "deploy" / "node-problem-detector").glob("*.json"))
+PROMETHEUS = shutil.which("prometheus")
+
+StartService = Callable[[str], RunningService]
+
+
+def node_check(*args: str) -> tuple[int, str]:
+    """The command's exit status and its standard output, as node-problem-detector reads them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", "node-check", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stderr == "", done.stderr  # no traceback, no log line: the message is the first line of stdout
+    return done.returncode, done.stdout.strip()
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[StartService]:
+    started: list[RunningService] = []
+
+    def _start(config: str) -> RunningService:
+        directory = tmp_path / f"service-{len(started)}"
+        directory.mkdir()
+        service = RunningService(directory, config)
+        started.append(service)
+        return service
+
+    yield _start
+    for service in started:
+        service.stop()
+
+
+# -- the verdicts' rules, on their own (fast) ------------------------------------------------------
+
+
+def test_a_problem_from_either_source_wins_then_unknown() -> None:
+    ok, problem, unknown = (
+        Verdict(Status.OK, "ok: /GPU:0 working"),
+        Verdict(Status.PROBLEM, "problem: MatmulDeviceDown (/GPU:0)"),
+        Verdict(Status.UNKNOWN, "unknown: alerts not read"),
+    )
+    assert combine(ok, problem) == problem
+    assert combine(unknown, problem) == problem
+    assert combine(ok, unknown) == unknown
+    assert combine(ok, Verdict(Status.OK, "no alert")).status is Status.OK
+
+
+@pytest.mark.parametrize("path", NPD_CONFIGS, ids=lambda p: p.name)
+def test_the_node_problem_detector_config_runs_this_command_for_each_check(path: Path) -> None:
+    """Every rule names a condition the config declares, and its arguments are ones node-check accepts."""
+    assert len(NPD_CONFIGS) == 2  # on a host, and under Kubernetes
+    config = json.loads(path.read_text(encoding="utf-8"))
+    assert config["plugin"] == "custom"
+    declared = {c["type"] for c in config["conditions"]}
+    checks = set()
+    for rule in config["rules"]:
+        assert rule["type"] == "permanent"
+        assert rule["condition"] in declared
+        assert rule["path"].endswith("/crossover-monitor")
+        args = _parse(rule["args"])
+        assert args.command == "node-check"
+        checks.add(args.check)
+        # The plugin's timeout covers the command's own two requests.
+        assert float(rule["timeout"].rstrip("s")) > 2 * float(args.timeout.rstrip("s"))
+        # Under Kubernetes node-problem-detector's pod cannot reach the service's: Prometheus alone.
+        assert (args.url == "") == path.name.endswith("-kubernetes.json")
+        assert args.prometheus_url or args.check == Check.DEGRADED.value
+    assert checks == {c.value for c in Check}
+    assert config["pluginConfig"]["max_output_length"] >= 160  # room for a GPU's name and the alert
+
+
+# -- against the real service ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_working_gpu_is_ok_and_a_failing_one_is_a_problem(start: StartService) -> None:
+    working = start(fake_config("curve"))
+    failing = start(fake_config("broken_gpu"))
+    working.wait_for_sweeps("success")
+    failing.wait_for_sweeps("failed")
+
+    status, message = node_check("--url", f"{working.url}/metrics")
+    assert (status, message.split(",")[0]) == (0, "ok: /GPU:0 working")
+
+    status, message = node_check("--url", f"{failing.url}/metrics")
+    assert (status, message) == (1, "problem: GPU /GPU:0 failed in the latest sweep")
+
+
+@pytest.mark.slow
+def test_no_service_no_sweep_yet_and_stale_results_are_unknown(start: StartService) -> None:
+    status, message = node_check("--url", f"http://127.0.0.1:{free_port()}/metrics")
+    assert status == 2
+    assert message.startswith("unknown: crossover-monitor not read: cannot fetch")
+
+    sweeping = start(fake_config("slow", timeout="5m"))  # a second a block: its first sweep is still running
+    sweeping.wait_for(lambda: sweeping.get("/metrics")[0] == 200, 30, "the server")
+    assert node_check("--url", f"{sweeping.url}/metrics") == (2, "unknown: no sweep has finished yet")
+
+    done = start(fake_config("curve"))
+    done.wait_for_sweeps("success")
+    time.sleep(2)
+    status, message = node_check("--url", f"{done.url}/metrics", "--max-age", "1s")
+    assert (status, message) == (2, "unknown: the latest successful sweep is 0m old")
+
+
+def test_bad_flags_are_unknown_with_the_reason() -> None:
+    assert node_check("--timeout", "soon") == (
+        2,
+        "unknown: --timeout must be a positive duration such as 10s or 2h, got 'soon'",
+    )
+    assert node_check("--check", "drift") == (2, "unknown: drift is judged by the alert rules; give --prometheus.url")
+
+
+# -- with a real Prometheus: the alerts for this node --------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs the prometheus server (the test command installs it)")
+def test_the_alerts_firing_for_this_node_are_read_from_prometheus(tmp_path: Path, start: StartService) -> None:
+    """A real Prometheus scrapes the real service; a rule standing in for the drift rule's verdict fires at once.
+
+    (The drift rule itself needs a day of history; tests/prometheus/crossover_drift.yml tests when it fires.)
+    """
+    service = start(fake_config("curve"))
+    service.wait_for_sweeps("success")
+    instance = f"127.0.0.1:{service.port}"
+    rules = tmp_path / "rules.yml"
+    rules.write_text(
+        textwrap.dedent(
+            """
+            groups:
+              - name: stand-in
+                rules:
+                  - alert: MatmulCrossoverDrift
+                    expr: matmul_crossover_size{mode="end_to_end"} > 0
+            """
+        )
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [{"job_name": "crossover-monitor", "static_configs": [{"targets": [instance]}]}],
+            }
+        )
+    )
+    port = free_port()
+    assert PROMETHEUS is not None
+    prometheus = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        query = f"{url}/api/v1/query?query=ALERTS%7Balertstate%3D%22firing%22%7D"
+
+        def firing() -> bool:
+            with urllib.request.urlopen(query, timeout=2) as response:  # noqa: S310 - loopback
+                return "MatmulCrossoverDrift" in response.read().decode()
+
+        wait_until(firing, 30, "the stand-in alert firing")
+
+        # Prometheus alone (--url empty), as where the service cannot be reached from node-problem-detector.
+        status, message = node_check("--check", "drift", "--url", "", "--prometheus.url", url, "--instance", instance)
+        assert (status, message) == (1, "problem: MatmulCrossoverDrift (/GPU:0 end_to_end)")
+        # The degraded check reads other alerts, and the service's own answer too.
+        status, message = node_check("--url", f"{service.url}/metrics", "--prometheus.url", url, "--instance", instance)
+        assert status == 0, message
+        assert message.endswith("; no " + "/".join(ALERTS[Check.DEGRADED]) + " alert")
+        # A wrong instance is not taken for a healthy node.
+        status, message = node_check(
+            "--check", "drift", "--url", "", "--prometheus.url", url, "--instance", "other-node:9437"
+        )
+        assert (status, message) == (
+            2,
+            'unknown: Prometheus has no crossover-monitor series with instance="other-node:9437"',
+        )
+    finally:
+        stop_process(prometheus)
+    status, message = node_check("--check", "drift", "--url", "", "--prometheus.url", url, "--instance", instance)
+    assert status == 2
+    assert message.startswith("unknown: alerts not read: cannot fetch")
