@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,55 @@ def test_daemonset_is_placed_early_but_never_preempts(pod: dict[str, Any]) -> No
     assert priority["preemptionPolicy"] == "Never"
     assert priority["value"] > 0
     assert priority.get("globalDefault") is False
+
+
+def _json_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """RFC 6902's add and replace, as kustomize applies a component's patch (what the component uses)."""
+    for op in operations:
+        *parents, last = [part.replace("~1", "/").replace("~0", "~") for part in op["path"].split("/")[1:]]
+        target: Any = document
+        for part in parents:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        if op["op"] == "add" and isinstance(target, list):
+            target.append(op["value"]) if last == "-" else target.insert(int(last), op["value"])
+        elif op["op"] == "add" or (op["op"] == "replace" and last in target):
+            target[last] = op["value"]
+        else:
+            raise AssertionError(f"{op}: the path is not in the DaemonSet")
+    return document
+
+
+def test_the_pod_names_component_mounts_only_the_kubelets_socket_read_only() -> None:
+    """The opt-in component: the kubelet's pod-resources directory read-only where the worker looks, as root
+    (the socket's owner) but with no capability, no escalation and a read-only root file system."""
+    from monitor.bench.podresources import DEFAULT_SOCKET  # noqa: PLC0415
+
+    component = load(HERE / "pod-names" / "kustomization.yaml")
+    assert component["kind"] == "Component"
+    (patch,) = component["patches"]
+    assert patch["target"] == {"kind": "DaemonSet", "name": "crossover-monitor"}
+    daemonset = _json_patch(load(HERE / "daemonset.yaml"), yaml.safe_load(patch["patch"]))
+    validate(daemonset)
+    spec = daemonset["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "pod-resources")
+    assert mount == {"name": "pod-resources", "mountPath": str(Path(DEFAULT_SOCKET).parent), "readOnly": True}
+    volume = next(v for v in spec["volumes"] if v["name"] == "pod-resources")
+    assert volume["hostPath"]["path"] == "/var/lib/kubelet/pod-resources"
+    assert spec["securityContext"]["runAsUser"] == 0
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert spec["hostPID"] is False
+    if shutil.which("kubectl"):  # kustomize itself agrees, where it is installed
+        overlay = Path(tempfile.mkdtemp(prefix="overlay-"))
+        try:
+            shutil.copytree(HERE, overlay / "base")
+            (overlay / "kustomization.yaml").write_text("resources: [base]\ncomponents: [base/pod-names]\n")
+            built = subprocess.run(
+                ["kubectl", "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+            (rendered,) = [d for d in yaml.safe_load_all(built) if d and d["kind"] == "DaemonSet"]
+            assert rendered["spec"]["template"]["spec"]["volumes"] == spec["volumes"]
+            assert rendered["spec"]["template"]["spec"]["securityContext"] == spec["securityContext"]
+        finally:
+            shutil.rmtree(overlay)

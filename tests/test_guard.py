@@ -23,6 +23,7 @@ import pytest
 
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.podresources import PodResourcesUnavailable
 from monitor.bench.runner import run_plan
 from monitor.carry import merge
 from monitor.model import (
@@ -119,7 +120,12 @@ class FakeHost:
         return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait)
 
 
-def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any) -> Guard:
+def _guard(
+    probe: GpuProbe | None,
+    host: FakeHost | None = None,
+    pods: Callable[[str], list[str]] | None = None,
+    **settings: Any,
+) -> Guard:
     sleeps: list[float] = []
     return Guard(
         GuardSettings(**settings),
@@ -128,6 +134,7 @@ def _guard(probe: GpuProbe | None, host: FakeHost | None = None, **settings: Any
         host=host,
         own_pid=OWN_PID,
         sleep=sleeps.append,
+        pods=pods,
     )
 
 
@@ -359,6 +366,37 @@ def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> Non
     assert not _withheld(alone)
     _, shared = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
     assert _withheld(shared)
+
+
+def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None:
+    """With no hostPID the job's processes are nameless host PIDs; the kubelet's allocations name its pod."""
+    own, job = GpuProcess(pid=77001, visible=False), GpuProcess(pid=77002, visible=False)
+    asked: list[str] = []
+
+    def pods(uuid: str) -> list[str]:
+        asked.append(uuid)
+        return ["ml/train-7"] if uuid == "GPU-fake-/GPU:0" else []
+
+    def kubelet_down(uuid: str) -> list[str]:
+        raise PodResourcesUnavailable("the kubelet's pod-resources API at /x.sock: StatusCode.UNAVAILABLE")
+
+    def busy() -> FakeProbe:
+        return FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))
+
+    (withheld, *_) = _withheld(_run(_guard(busy(), pods=pods))[1])
+    assert withheld.detail.endswith("; allocated to pod ml/train-7")
+    assert asked[0] == "GPU-fake-/GPU:0"
+    (withheld, *_) = _withheld(_run(_guard(busy(), pods=kubelet_down))[1])
+    assert withheld.detail.endswith(
+        "; which pod holds it is unknown (the kubelet's pod-resources API at /x.sock: StatusCode.UNAVAILABLE)"
+    )
+    (withheld, *_) = _withheld(_run(_guard(busy(), pods=lambda _: []))[1])
+    assert withheld.detail.endswith(
+        "; the kubelet allocated it to no pod (a process outside the device plugin's allocations)"
+    )
+    # Not under Kubernetes: the detail is as before, with no word of pods.
+    (withheld, *_) = _withheld(_run(_guard(busy()))[1])
+    assert "pod" not in withheld.detail
 
 
 def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:

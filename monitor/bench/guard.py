@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from monitor.bench.podresources import PodResourcesUnavailable
 from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
 from monitor.settings import GuardSettings
 
@@ -181,8 +182,11 @@ class Guard:
         host: HostMeter | None,
         own_pid: int,
         sleep: Callable[[float], None],
+        pods: Callable[[str], Sequence[str]] | None = None,
     ) -> None:
+        """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes."""
         self._settings = settings
+        self._pods = pods
         self._gpu_probe = gpu_probe
         self._gpu_probe_problem = gpu_probe_problem
         self._host = host
@@ -246,8 +250,21 @@ class Guard:
         if not seen:
             return None
         when = "before its point" if before else "while it was timed"
-        detail = f"{'; '.join(seen)} {when}"
+        detail = f"{'; '.join(seen)} {when}{self._holders(device)}"
         return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.GPU_BUSY, detail=detail)
+
+    def _holders(self, device: DeviceInfo) -> str:
+        """``; allocated to pod ns/name``: who holds a busy GPU, where NVML's host PIDs cannot say (no hostPID)."""
+        uuid = self.identity(device).get("uuid") if self._pods is not None else None
+        if self._pods is None or not uuid:
+            return ""
+        try:
+            pods = self._pods(uuid)
+        except PodResourcesUnavailable as exc:
+            return f"; which pod holds it is unknown ({exc})"
+        if not pods:
+            return "; the kubelet allocated it to no pod (a process outside the device plugin's allocations)"
+        return f"; allocated to pod {', '.join(pods)}"
 
     def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
         """Processes of other programs: all but this worker's.

@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from monitor.bench.contract import BackendOptions
 from monitor.bench.guard import GpuProbe, Guard, GuardUnavailable
 from monitor.bench.hostinfo import ProcStatMeter, default_cpu_threads
+from monitor.bench.podresources import PodResourcesClient, holders
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.errors import MonitorError
@@ -40,6 +42,13 @@ def build_guard(settings: GuardSettings) -> Guard:
             probe = NvmlProbe()
         except GuardUnavailable as exc:
             problem = str(exc)
+    pods: Callable[[str], Sequence[str]] | None = None
+    if settings.enabled and PodResourcesClient.available():  # Kubernetes, with the kubelet's socket mounted
+        client = PodResourcesClient()
+
+        def pods(uuid: str) -> Sequence[str]:  # asked anew each time: pods come and go
+            return holders(client.allocations(), uuid)
+
     return Guard(
         settings,
         gpu_probe=probe,
@@ -47,6 +56,7 @@ def build_guard(settings: GuardSettings) -> Guard:
         host=ProcStatMeter(),
         own_pid=os.getpid(),
         sleep=time.sleep,
+        pods=pods,
     )
 
 

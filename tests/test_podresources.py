@@ -1,0 +1,154 @@
+"""The kubelet's pod-resources API, served by a local gRPC server that speaks v1 as the kubelet does.
+
+The server's answers are encoded by the protobuf library itself, from the messages of the kubelet's
+api.proto (built at run time), so the hand decoder in monitor/bench/podresources.py is checked
+against the real wire format, unknown fields (CPU ids, NUMA topology) included.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from monitor.bench.podresources import (
+    LIST_METHOD,
+    Allocation,
+    PodResourcesClient,
+    PodResourcesUnavailable,
+    decode_list_response,
+    holders,
+)
+
+_STRING, _INT64, _MESSAGE = 9, 3, 11
+_OPTIONAL, _REPEATED = 1, 3
+
+# kubelet/pkg/apis/podresources/v1/api.proto, the messages List answers with (the fields that matter here,
+# and two this code does not read, to prove they are skipped).
+_MESSAGES: dict[str, list[tuple[str, int, int, int, str]]] = {
+    "ListPodResourcesResponse": [("pod_resources", 1, _MESSAGE, _REPEATED, ".v1.PodResources")],
+    "PodResources": [
+        ("name", 1, _STRING, _OPTIONAL, ""),
+        ("namespace", 2, _STRING, _OPTIONAL, ""),
+        ("containers", 3, _MESSAGE, _REPEATED, ".v1.ContainerResources"),
+    ],
+    "ContainerResources": [
+        ("name", 1, _STRING, _OPTIONAL, ""),
+        ("devices", 2, _MESSAGE, _REPEATED, ".v1.ContainerDevices"),
+        ("cpu_ids", 3, _INT64, _REPEATED, ""),
+    ],
+    "ContainerDevices": [
+        ("resource_name", 1, _STRING, _OPTIONAL, ""),
+        ("device_ids", 2, _STRING, _REPEATED, ""),
+        ("topology", 3, _MESSAGE, _OPTIONAL, ".v1.TopologyInfo"),
+    ],
+    "TopologyInfo": [("nodes", 1, _MESSAGE, _REPEATED, ".v1.NUMANode")],
+    "NUMANode": [("ID", 1, _INT64, _OPTIONAL, "")],
+}
+
+
+def _response_class() -> Any:
+    file = descriptor_pb2.FileDescriptorProto(name="podresources_v1_test.proto", package="v1", syntax="proto3")
+    for name, fields in _MESSAGES.items():
+        message = file.message_type.add(name=name)
+        for field_name, number, kind, label, type_name in fields:
+            field = message.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                field.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("v1.ListPodResourcesResponse"))
+
+
+def _node_with_two_jobs() -> bytes:
+    response = _response_class()()
+    train = response.pod_resources.add(name="train-7", namespace="ml")
+    worker = train.containers.add(name="worker", cpu_ids=[2, 3])
+    gpus = worker.devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-aaaa", "GPU-bbbb"])
+    gpus.topology.nodes.add(ID=0)
+    worker.devices.add(resource_name="example.com/nic", device_ids=["nic-0"])
+    train.containers.add(name="sidecar")
+    shared = response.pod_resources.add(name="notebook-1", namespace="research")
+    shared.containers.add(name="jupyter").devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-bbbb"])
+    response.pod_resources.add(name="web-0", namespace="default").containers.add(name="nginx")
+    return bytes(response.SerializeToString())
+
+
+@pytest.fixture
+def kubelet() -> Iterator[Callable[[Callable[[bytes, grpc.ServicerContext], bytes]], str]]:
+    """Starts a gRPC server on a unix socket answering List with the given function; yields its socket's path."""
+    directory = tempfile.mkdtemp(prefix="kubelet-", dir="/tmp")  # a unix socket path must stay short
+    servers: list[grpc.Server] = []
+
+    def start(answer: Callable[[bytes, grpc.ServicerContext], bytes]) -> str:
+        socket = f"{directory}/kubelet-{len(servers)}.sock"
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        service, method = LIST_METHOD.strip("/").split("/")
+        handler = grpc.unary_unary_rpc_method_handler(
+            answer, request_deserializer=lambda b: b, response_serializer=lambda b: b
+        )
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {method: handler}),))
+        server.add_insecure_port(f"unix://{socket}")
+        server.start()
+        servers.append(server)
+        return socket
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_pods_holding_each_gpu_are_read_from_the_kubelet(kubelet: Any) -> None:
+    answer = _node_with_two_jobs()
+    requests: list[bytes] = []
+
+    def list_pods(request: bytes, _: grpc.ServicerContext) -> bytes:
+        requests.append(request)
+        return answer
+
+    socket = kubelet(list_pods)
+    assert PodResourcesClient.available(socket)
+    allocations = PodResourcesClient(socket).allocations()
+    assert requests == [b""]  # ListPodResourcesRequest has no fields
+    assert Allocation("ml", "train-7", "worker", "nvidia.com/gpu", ("GPU-aaaa", "GPU-bbbb")) in allocations
+    assert holders(allocations, "GPU-aaaa") == ["ml/train-7"]
+    assert holders(allocations, "GPU-bbbb") == ["ml/train-7", "research/notebook-1"]  # time-sliced: both
+    assert holders(allocations, "GPU-cccc") == []
+    assert holders(allocations, "nic-0") == ["ml/train-7"]
+
+
+def test_a_kubelet_that_refuses_or_is_absent_is_a_clear_error(kubelet: Any, tmp_path: Path) -> None:
+    def refuse(_: bytes, context: grpc.ServicerContext) -> bytes:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
+        raise AssertionError("abort raises")
+
+    socket = kubelet(refuse)
+    with pytest.raises(PodResourcesUnavailable, match=r"pod-resources API at .*: StatusCode.PERMISSION_DENIED"):
+        PodResourcesClient(socket).allocations()
+
+    missing = str(tmp_path / "kubelet.sock")
+    assert not PodResourcesClient.available(missing)
+    with pytest.raises(PodResourcesUnavailable, match=r"StatusCode.UNAVAILABLE"):
+        PodResourcesClient(missing).allocations()
+
+    garbage = kubelet(lambda _, __: b"\x0a\x05ab")  # a length that runs past the end
+    with pytest.raises(PodResourcesUnavailable, match="is not what v1 sends: field 1 runs past the end"):
+        PodResourcesClient(garbage).allocations()
+
+
+def test_decoding_skips_fields_it_does_not_know_and_rejects_truncated_input() -> None:
+    assert decode_list_response(b"") == []
+    # An unknown varint field (number 9) and an unknown fixed32 (number 10) before the pods: skipped.
+    assert decode_list_response(b"\x48\x01\x55\x00\x00\x00\x00" + _node_with_two_jobs())[0].pod == "train-7"
+    with pytest.raises(ValueError, match="varint runs past the end"):
+        decode_list_response(b"\x08")
+    with pytest.raises(ValueError, match="wire type 3"):
+        decode_list_response(b"\x0b")
