@@ -93,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="web_config",
         metavar="FILE",
         type=Path,
-        help="TLS and basic auth, in the web config format of Prometheus exporters (README 'TLS and authentication')",
+        help="TLS and basic auth, in the web config format of Prometheus exporters (docs/http.md)",
     )
     run.add_argument(
         "--web.enable-lifecycle",

@@ -1,7 +1,7 @@
 """An HTTP/1.1 server for a handful of small endpoints that stays up under broken or hostile clients.
 
 asyncio holds the connections (a coroutine each, no thread each), h11 speaks the protocol, and a
-small thread pool runs the handlers (rendering /metrics is CPU work). README "HTTP server" says why
+small thread pool runs the handlers (rendering /metrics is CPU work). docs/http.md, "HTTP server", says why
 not the standard library's ThreadingHTTPServer, uvicorn or cheroot.
 
 What a client cannot do to it (``HttpLimits``):

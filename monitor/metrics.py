@@ -69,7 +69,7 @@ def _metric(name: str, help_text: str, labels: tuple[str, ...] = (), kind: Kind 
     return name
 
 
-# The metric contract: the dashboard, the alert rules and the docs use these names (the README's
+# The metric contract: the dashboard, the alert rules and the docs use these names (docs/metrics.md's
 # metrics reference is checked against this table by tests/test_metrics.py).
 DURATION = _metric("matmul_duration_seconds", "Median time of one n×n matrix multiplication", POINT_LABELS)
 DURATION_IQR = _metric("matmul_duration_iqr_seconds", "Interquartile range of that time", POINT_LABELS)
