@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,24 @@ class RunningService:
         status = stop_process(self.process)
         self._log_file.close()
         return status
+
+
+@contextlib.contextmanager
+def started_services(directory: Path) -> Iterator[Callable[[str], RunningService]]:
+    """A function that starts the real service with a config (each in a directory of its own); all stopped after."""
+    started: list[RunningService] = []
+
+    def start(config: str) -> RunningService:
+        home = directory / f"service-{len(started)}"
+        home.mkdir()
+        started.append(RunningService(home, config))
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for service in started:
+            service.stop()
 
 
 def started_server(read_state: Callable[[], ServiceState], **options: Any) -> MetricsServer:

@@ -17,7 +17,7 @@ import pytest
 from monitor.cli import _parse
 from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine
 from tests.conftest import REPO, free_port
-from tests.service import RunningService, fake_config, stop_process, wait_until
+from tests.service import RunningService, fake_config, started_services, stop_process, wait_until
 
 NPD_CONFIGS = sorted((REPO / "deploy" / "node-problem-detector").glob("*.json"))
 PROMETHEUS = shutil.which("prometheus")
@@ -41,18 +41,8 @@ def node_check(*args: str) -> tuple[int, str]:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[StartService]:
-    started: list[RunningService] = []
-
-    def _start(config: str) -> RunningService:
-        directory = tmp_path / f"service-{len(started)}"
-        directory.mkdir()
-        service = RunningService(directory, config)
-        started.append(service)
-        return service
-
-    yield _start
-    for service in started:
-        service.stop()
+    with started_services(tmp_path) as start_service:
+        yield start_service
 
 
 # -- the verdicts' rules, on their own (fast) ------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.promql import promtool
-from tests.service import RunningService, fake_config, find, parse
+from tests.service import RunningService, fake_config, find, parse, started_services
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +31,8 @@ benchmark:
 
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[StartService]:
-    started: list[RunningService] = []
-
-    def _start(config: str) -> RunningService:
-        service = RunningService(tmp_path, config)
-        started.append(service)
-        return service
-
-    yield _start
-    for service in started:
-        service.stop()
+    with started_services(tmp_path) as start_service:
+        yield start_service
 
 
 @pytest.fixture(scope="module")
