@@ -29,7 +29,7 @@ from monitor.model import SweepResult
 from monitor.nodecheck import Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
-from monitor.settings import Settings, parse_duration
+from monitor.settings import DAY_S, Settings, parse_duration
 
 log = logging.getLogger("monitor")
 
@@ -143,7 +143,7 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--max-age",
         metavar="DURATION",
-        help="results older than this are stale: unknown (default: two schedule intervals and 10m)",
+        help="results older than this are stale: unknown (default: 2h; raise it for schedules slower than 45m)",
     )
 
     plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")
@@ -214,8 +214,8 @@ def _node_check(args: argparse.Namespace) -> int:
     durations = {}
     for flag, value in (("--timeout", args.timeout), ("--max-age", args.max_age)):
         seconds = None if value is None else parse_duration(value)
-        if value is not None and (seconds is None or seconds <= 0):
-            print(f"unknown: {flag} must be a positive duration such as 10s or 2h, got {value!r}")
+        if value is not None and (seconds is None or not 0 < seconds <= DAY_S):
+            print(f"unknown: {flag} must be a duration from 1ms to 1d such as 10s or 2h, got {value!r}")
             return int(Status.UNKNOWN)
         durations[flag] = seconds
     request = Request(
@@ -226,7 +226,11 @@ def _node_check(args: argparse.Namespace) -> int:
         timeout_s=durations["--timeout"] or 10.0,
         max_age_s=durations["--max-age"],
     )
-    verdict = run(request, now=time.time())
+    try:
+        verdict = run(request, now=time.time())
+    except Exception as exc:  # noqa: BLE001 - exit 1 would set the condition: a bug of ours is "unknown"
+        print(f"unknown: node-check failed: {type(exc).__name__}: {exc}")
+        return int(Status.UNKNOWN)
     print(verdict.message)  # node-problem-detector takes standard output as the condition's message
     return int(verdict.status)
 

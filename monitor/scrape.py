@@ -48,6 +48,8 @@ def fetch_samples(url: str, timeout_s: float, *, what: str = "--url") -> list[Sa
 
 def prometheus_query(base_url: str, expr: str, timeout_s: float) -> list[dict[str, Any]]:
     """The result of an instant query against a Prometheus server's HTTP API (a vector's samples)."""
+    if urllib.parse.urlsplit(base_url).scheme not in ("http", "https"):
+        raise ScrapeError(f"--prometheus.url needs an http(s):// URL such as http://prometheus:9090, got {base_url!r}")
     url = f"{base_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
     text = fetch_text(url, timeout_s, what="--prometheus.url")
     try:

@@ -392,7 +392,7 @@ def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None
     )
     (withheld, *_) = _withheld(_run(_guard(busy(), pods=lambda _: []))[1])
     assert withheld.detail.endswith(
-        "; the kubelet allocated it to no pod (a process outside the device plugin's allocations)"
+        "; no pod's allocation names GPU-fake-/GPU:0 (a process outside the device plugin's, or MIG or index ids)"
     )
     # Not under Kubernetes: the detail is as before, with no word of pods.
     (withheld, *_) = _withheld(_run(_guard(busy()))[1])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from monitor.cli import _parse
-from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine
+from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
 from tests.conftest import REPO, free_port
 from tests.service import RunningService, fake_config, started_services, stop_process, wait_until
 
@@ -84,6 +84,25 @@ def test_the_node_problem_detector_config_runs_this_command_for_each_check(path:
     assert config["pluginConfig"]["max_output_length"] >= 160  # room for a GPU's name and the alert
 
 
+def test_results_left_old_by_failing_sweeps_are_unknown_though_the_next_sweep_is_near() -> None:
+    """The scheduler moves the next sweep on past every failed one: staleness is judged on the last success."""
+    now = 1_800_000_000.0
+    samples = [
+        ("matmul_monitor_build_info", {"version": "x"}, 1.0),
+        ("matmul_device_info", {"device": "/CPU:0", "kind": "cpu"}, 1.0),
+        ("matmul_device_info", {"device": "/GPU:0", "kind": "gpu"}, 1.0),
+        ("matmul_device_up", {"device": "/CPU:0"}, 1.0),
+        ("matmul_device_up", {"device": "/GPU:0"}, 1.0),
+        ("matmul_sweep_last_success_timestamp_seconds", {}, now - 3 * 3600),
+        ("matmul_sweep_next_timestamp_seconds", {}, now + 300),
+    ]
+    assert judge_service(samples, now, None) == Verdict(
+        Status.UNKNOWN, "unknown: the latest successful sweep is 3h00m old"
+    )
+    assert judge_service(samples, now, 4 * 3600).status is Status.OK
+    assert judge_service(samples, now - 3 * 3600 + 60, None).message.startswith("ok: /GPU:0 working, swept ")
+
+
 # -- against the real service ----------------------------------------------------------------------
 
 
@@ -121,7 +140,7 @@ def test_no_service_no_sweep_yet_and_stale_results_are_unknown(start: StartServi
 def test_bad_flags_are_unknown_with_the_reason() -> None:
     assert node_check("--timeout", "soon") == (
         2,
-        "unknown: --timeout must be a positive duration such as 10s or 2h, got 'soon'",
+        "unknown: --timeout must be a duration from 1ms to 1d such as 10s or 2h, got 'soon'",
     )
     assert node_check("--check", "drift") == (2, "unknown: drift is judged by the alert rules; give --prometheus.url")
 
@@ -148,6 +167,9 @@ def test_the_alerts_firing_for_this_node_are_read_from_prometheus(tmp_path: Path
                 rules:
                   - alert: MatmulCrossoverDrift
                     expr: matmul_crossover_size{mode="end_to_end"} > 0
+                  # A CPU down is no GPU condition: the degraded check must not take it for one.
+                  - alert: MatmulDeviceDown
+                    expr: matmul_device_up{device="/CPU:0"} > 0
             """
         )
     )
@@ -180,7 +202,8 @@ def test_the_alerts_firing_for_this_node_are_read_from_prometheus(tmp_path: Path
 
         def firing() -> bool:
             with urllib.request.urlopen(query, timeout=2) as response:  # noqa: S310 - loopback
-                return "MatmulCrossoverDrift" in response.read().decode()
+                body = response.read().decode()
+                return "MatmulCrossoverDrift" in body and "MatmulDeviceDown" in body
 
         wait_until(firing, 30, "the stand-in alert firing")
 

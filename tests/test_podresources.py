@@ -75,8 +75,13 @@ def _node_with_two_jobs() -> bytes:
     gpus.topology.nodes.add(ID=0)
     worker.devices.add(resource_name="example.com/nic", device_ids=["nic-0"])
     train.containers.add(name="sidecar")
+    # Time-sliced: NVIDIA's device plugin hands out replicas of one GPU as GPU-<uuid>::<n>.
     shared = response.pod_resources.add(name="notebook-1", namespace="research")
-    shared.containers.add(name="jupyter").devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-bbbb"])
+    shared.containers.add(name="jupyter").devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-cccc::0"])
+    other = response.pod_resources.add(name="notebook-2", namespace="research")
+    other.containers.add(name="jupyter").devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-cccc::3"])
+    mig = response.pod_resources.add(name="small-0", namespace="ml")
+    mig.containers.add(name="job").devices.add(resource_name="nvidia.com/mig-1g.10gb", device_ids=["MIG-dddd"])
     response.pod_resources.add(name="web-0", namespace="default").containers.add(name="nginx")
     return bytes(response.SerializeToString())
 
@@ -120,8 +125,10 @@ def test_the_pods_holding_each_gpu_are_read_from_the_kubelet(kubelet: Any) -> No
     assert requests == [b""]  # ListPodResourcesRequest has no fields
     assert Allocation("ml", "train-7", "worker", "nvidia.com/gpu", ("GPU-aaaa", "GPU-bbbb")) in allocations
     assert holders(allocations, "GPU-aaaa") == ["ml/train-7"]
-    assert holders(allocations, "GPU-bbbb") == ["ml/train-7", "research/notebook-1"]  # time-sliced: both
-    assert holders(allocations, "GPU-cccc") == []
+    assert holders(allocations, "GPU-bbbb") == ["ml/train-7"]
+    assert holders(allocations, "GPU-cccc") == ["research/notebook-1", "research/notebook-2"]  # time-sliced
+    assert holders(allocations, "GPU-cccc::0") == []  # a replica's id is not a GPU's UUID
+    assert holders(allocations, "GPU-eeee") == []
     assert holders(allocations, "nic-0") == ["ml/train-7"]
 
 
@@ -142,6 +149,35 @@ def test_a_kubelet_that_refuses_or_is_absent_is_a_clear_error(kubelet: Any, tmp_
     garbage = kubelet(lambda _, __: b"\x0a\x05ab")  # a length that runs past the end
     with pytest.raises(PodResourcesUnavailable, match="is not what v1 sends: field 1 runs past the end"):
         PodResourcesClient(garbage).allocations()
+
+
+def test_the_kubelet_is_asked_again_only_once_its_answer_is_old(kubelet: Any) -> None:
+    """Several busy GPUs, or one busy at every look, cost one call; so does a failure (a stalled kubelet)."""
+    calls: list[bytes] = []
+
+    def list_pods(request: bytes, _: grpc.ServicerContext) -> bytes:
+        calls.append(request)
+        return _node_with_two_jobs()
+
+    now = [100.0]
+    client = PodResourcesClient(kubelet(list_pods), max_age_s=30, clock=lambda: now[0])
+    for _ in range(5):
+        client.allocations()
+    assert len(calls) == 1
+    now[0] += 30
+    client.allocations()
+    assert len(calls) == 2
+
+    missing = PodResourcesClient("/nonexistent/kubelet.sock", max_age_s=30, clock=lambda: now[0])
+    with pytest.raises(PodResourcesUnavailable) as first:
+        missing.allocations()
+    with pytest.raises(PodResourcesUnavailable) as again:
+        missing.allocations()
+    assert again.value is first.value  # the failure is remembered, not retried at every look
+    now[0] += 30
+    with pytest.raises(PodResourcesUnavailable) as later:
+        missing.allocations()
+    assert later.value is not first.value
 
 
 def test_decoding_skips_fields_it_does_not_know_and_rejects_truncated_input() -> None:

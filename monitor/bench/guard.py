@@ -263,7 +263,7 @@ class Guard:
         except PodResourcesUnavailable as exc:
             return f"; which pod holds it is unknown ({exc})"
         if not pods:
-            return "; the kubelet allocated it to no pod (a process outside the device plugin's allocations)"
+            return f"; no pod's allocation names {uuid} (a process outside the device plugin's, or MIG or index ids)"
         return f"; allocated to pod {', '.join(pods)}"
 
     def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:

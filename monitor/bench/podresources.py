@@ -6,13 +6,14 @@ are host PIDs it cannot name. The kubelet knows which pod each device was alloca
 pod's containers with the device ids (GPU UUIDs, from NVIDIA's device plugin) they were given.
 
 The few fields read are decoded from protobuf's wire format here rather than from generated code,
-so the API needs no protoc step and no protobuf runtime of a particular version: only ``grpcio``,
-the optional ``kubernetes`` extra. Fields this code does not know are skipped, as protobuf does.
+so the API needs no protoc step and no protobuf runtime of a particular version: only ``grpcio``.
+Fields this code does not know are skipped, as protobuf does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,29 +50,52 @@ class Allocation:
     device_ids: tuple[str, ...]
 
 
-def holders(allocations: Sequence[Allocation], device_id: str) -> list[str]:
-    """``namespace/pod`` of every pod given this device (several where the GPU is time-sliced or shared)."""
-    return sorted({f"{a.namespace}/{a.pod}" for a in allocations if device_id in a.device_ids})
+def holders(allocations: Sequence[Allocation], uuid: str) -> list[str]:
+    """``namespace/pod`` of every pod given the GPU with this UUID.
+
+    NVIDIA's device plugin names a time-sliced or MPS replica ``GPU-<uuid>::<n>``, so several pods
+    can hold one GPU; a MIG instance (``MIG-…``) or ``deviceIDStrategy: index`` ("0") names none.
+    """
+    return sorted(
+        {f"{a.namespace}/{a.pod}" for a in allocations if any(d.split("::")[0] == uuid for d in a.device_ids)}
+    )
 
 
 class PodResourcesClient:
-    """Asks the kubelet on each call: allocations change as pods come and go."""
+    """Asks the kubelet again once its last answer (or failure) is ``max_age_s`` old: pods come and go,
+    but a sweep that finds several GPUs busy, or one busy at every look, asks once, and a kubelet that
+    stalls costs a sweep one deadline, not one per look."""
 
-    def __init__(self, socket_path: str = DEFAULT_SOCKET) -> None:
+    def __init__(
+        self, socket_path: str = DEFAULT_SOCKET, *, max_age_s: float = 30.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._socket_path = socket_path
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._last: tuple[float, list[Allocation] | PodResourcesUnavailable] | None = None
+
+    def allocations(self) -> list[Allocation]:
+        now = self._clock()
+        if self._last is None or now - self._last[0] >= self._max_age_s:
+            try:
+                self._last = (now, self._ask())
+            except PodResourcesUnavailable as exc:
+                self._last = (now, exc)
+        answer = self._last[1]
+        if isinstance(answer, PodResourcesUnavailable):
+            raise answer
+        return answer
 
     @staticmethod
     def available(socket_path: str = DEFAULT_SOCKET) -> bool:
         """Whether the socket is there (the node runs Kubernetes and the DaemonSet mounted it)."""
         return Path(socket_path).exists()
 
-    def allocations(self) -> list[Allocation]:
+    def _ask(self) -> list[Allocation]:
         try:
-            import grpc  # noqa: PLC0415 - the optional kubernetes extra, loaded only where the socket is
+            import grpc  # noqa: PLC0415 - loaded only where the socket is
         except ImportError:
-            raise PodResourcesUnavailable(
-                "grpcio is not installed (pip install 'crossover-monitor[kubernetes]')"
-            ) from None
+            raise PodResourcesUnavailable("grpcio is not installed (pip install grpcio)") from None
         try:
             with grpc.insecure_channel(f"unix://{self._socket_path}") as channel:
                 call = channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"", response_deserializer=bytes)
