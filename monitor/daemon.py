@@ -68,7 +68,7 @@ def open_history(settings: Settings) -> RunHistory | None:
         return None
 
 
-def asked_for(snapshot: Snapshot, settings: Settings) -> Snapshot:
+def trimmed_to_settings(snapshot: Snapshot, settings: Settings) -> Snapshot:
     """The snapshot without the sizes and devices ``settings`` no longer ask for (after a reload or a restart)."""
     return trimmed(snapshot, sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
 
@@ -85,7 +85,7 @@ def restored_state(history: RunHistory | None, settings: Settings) -> ServiceSta
         log.info("run history: the served results were timed with another backend; not served again")
         latest = None
     elif latest is not None:
-        latest = asked_for(latest, settings)
+        latest = trimmed_to_settings(latest, settings)
     ended = "none" if latest is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(latest.finished_at))
     log.info(
         "run history: resumed",
@@ -278,7 +278,7 @@ class Service:
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
         if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
-            outcome = dataclasses.replace(outcome, snapshot=asked_for(outcome.snapshot, self._settings))
+            outcome = dataclasses.replace(outcome, snapshot=trimmed_to_settings(outcome.snapshot, self._settings))
         fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
@@ -405,7 +405,7 @@ class Service:
         self._store.record_config(
             loaded=True,
             at=time.time(),
-            keep=lambda snapshot: asked_for(snapshot, new),
+            keep=lambda snapshot: trimmed_to_settings(snapshot, new),
         )
         log.info("configuration reloaded", extra={"config": new.source})
         return True
