@@ -255,8 +255,10 @@ class Guard:
 
     def _holders(self, device: DeviceInfo) -> str:
         """``; allocated to pod ns/name``: who holds a busy GPU, where NVML's host PIDs cannot say (no hostPID)."""
-        uuid = self.identity(device).get("uuid") if self._pods is not None else None
-        if self._pods is None or not uuid:
+        if self._pods is None:
+            return ""
+        uuid = self.identity(device).get("uuid")
+        if not uuid:
             return ""
         try:
             pods = self._pods(uuid)

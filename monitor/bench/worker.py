@@ -46,7 +46,7 @@ def build_guard(settings: GuardSettings) -> Guard:
     if settings.enabled and PodResourcesClient.available():  # Kubernetes, with the kubelet's socket mounted
         client = PodResourcesClient()
 
-        def pods(uuid: str) -> Sequence[str]:  # asked anew each time: pods come and go
+        def pods(uuid: str) -> Sequence[str]:  # the client asks the kubelet again once its answer is 30 s old
             return holders(client.allocations(), uuid)
 
     return Guard(
