@@ -66,7 +66,7 @@ def service_sweep(
         skip_cpu_above_speedup=skip_cpu,
     )
     started = time.monotonic()
-    outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=bench.timeout_s, cancel=threading.Event())
+    outcome = run_sweep(Plan(bench=bench, guard=GuardSettings()), timeout_s=bench.timeout_s, cancel=threading.Event())
     if outcome.snapshot is None:
         return {"failed": outcome.reason, "seconds": time.monotonic() - started}
     first: dict[str, str] = {}  # kind -> device: the first CPU and the first GPU are the curves compared

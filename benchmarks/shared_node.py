@@ -131,7 +131,7 @@ def sweep(
         refine=RefineSettings(enabled=refine, budget_s=20),
     )
     started = time.monotonic()
-    outcome = run_sweep(Plan.from_settings(bench, GuardSettings()), timeout_s=300, cancel=threading.Event())
+    outcome = run_sweep(Plan(bench=bench, guard=GuardSettings()), timeout_s=300, cancel=threading.Event())
     snapshot = outcome.snapshot
     result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
     if snapshot is None:

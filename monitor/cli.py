@@ -191,7 +191,7 @@ def _once(settings: Settings, as_json: bool) -> int:
     bench = settings.benchmark
     cancel = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: cancel.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    plan = Plan.from_settings(bench, settings.guard)
+    plan = Plan(bench=bench, guard=settings.guard)
     # Progress only for a person at a terminal: nothing extra when stderr is piped or with --json.
     progress = Progress(plan, sys.stderr) if sys.stderr.isatty() and not as_json else None
     try:

@@ -190,10 +190,7 @@ class Service:
         return True, "ok"
 
     def _sweep(self) -> None:
-        bench = self._settings.benchmark
-        plan = dataclasses.replace(
-            Plan.from_settings(bench, self._settings.guard), given_up=tuple(sorted(self._given_up))
-        )
+        plan = Plan(bench=self._settings.benchmark, guard=self._settings.guard, given_up=tuple(sorted(self._given_up)))
         self._run_worker(plan, retry=False)
 
     def _retry_busy(self) -> None:
@@ -203,12 +200,12 @@ class Service:
         if not busy or latest is None:
             return
         cpus = [d.device for d in latest.devices if d.kind == "cpu"]
-        plan = dataclasses.replace(
-            Plan.from_settings(self._settings.benchmark, self._settings.guard),
-            devices=(*cpus, *busy),
+        plan = Plan(
+            # It names some GPUs only: the rest are not missing.
+            bench=dataclasses.replace(self._settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),
+            guard=self._settings.guard,
             given_up=tuple(sorted(self._given_up)),
             retry=True,
-            expect_gpus=0,  # it names some GPUs only: the rest are not missing
         )
         self._run_worker(plan, retry=True)
 
@@ -266,8 +263,8 @@ class Service:
                 self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
 
     def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
-        bench = self._settings.benchmark
-        log.info(f"{what} started", extra={"backend": bench.backend, "devices": plan.devices or "auto"})
+        bench = plan.bench
+        log.info(f"{what} started", extra={"backend": bench.backend, "devices": bench.devices or "auto"})
         problem = host_problem()
         if problem is not None:  # say so, not a traceback (or slow timings) per sweep
             return SweepOutcome(

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, Mode, PointKey, Role, Withheld
-from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings, TimingSettings
+from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, PointKey, Role, Withheld
+from monitor.settings import BenchmarkSettings, GuardSettings
 
 
 class ProtocolError(ValueError):
@@ -17,57 +17,13 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """Everything a worker needs to time one sweep."""
+    """Everything a worker needs to time one sweep: the benchmark settings, and what this run adds to them."""
 
-    backend: str
-    devices: tuple[str, ...] | None
-    sizes: tuple[int, ...]
-    dtypes: tuple[str, ...]
-    modes: tuple[Mode, ...]
-    tf32: bool
-    cpu_threads: int | None
-    timing: TimingSettings
-    refine: RefineSettings = dataclasses.field(default_factory=lambda: RefineSettings(enabled=False))
-    skip_cpu_above_speedup: float | None = None
-    expect_gpus: int = 0
-    given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
+    bench: BenchmarkSettings
     guard: GuardSettings = dataclasses.field(default_factory=lambda: GuardSettings(enabled=False))
+    given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
     # A retry of busy GPUs: look at them first, and time nothing (not even the CPU) if all are still busy.
     retry: bool = False
-
-    def __post_init__(self) -> None:
-        # The benchmark settings it carries hold the rules BenchmarkSettings declares (a ValueError naming
-        # the key otherwise), however the plan was built: from settings, from the worker's JSON, in code.
-        BenchmarkSettings(
-            backend=self.backend,
-            devices=self.devices,
-            sizes=self.sizes,
-            dtypes=self.dtypes,
-            modes=self.modes,
-            tf32=self.tf32,
-            cpu_threads=self.cpu_threads,
-            timing=self.timing,
-            refine=self.refine,
-            skip_cpu_above_speedup=self.skip_cpu_above_speedup,
-            expect_gpus=self.expect_gpus,
-        )
-
-    @classmethod
-    def from_settings(cls, bench: BenchmarkSettings, guard: GuardSettings) -> Plan:
-        return cls(
-            guard=guard,
-            backend=bench.backend,
-            devices=bench.devices,
-            sizes=bench.sizes,
-            dtypes=bench.dtypes,
-            modes=bench.modes,
-            tf32=bench.tf32,
-            cpu_threads=bench.cpu_threads,
-            timing=bench.timing,
-            refine=bench.refine,
-            skip_cpu_above_speedup=bench.skip_cpu_above_speedup,
-            expect_gpus=bench.expect_gpus,
-        )
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

@@ -238,8 +238,8 @@ def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
         for gpu in gpus
         for cpu in cpus
         if gpu.device in withheld or cpu.device in withheld
-        for dtype in plan.dtypes
-        for mode in plan.modes
+        for dtype in plan.bench.dtypes
+        for mode in plan.bench.modes
     ]
 
 

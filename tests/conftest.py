@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from monitor.model import Mode
 from monitor.protocol import Plan
-from monitor.settings import TimingSettings
+from monitor.settings import BenchmarkSettings, RefineSettings, TimingSettings
 
 # The real-deploy fixtures (an image built with podman, machines booted with systemd-nspawn).
 pytest_plugins = ("tests.realdeploy",)
@@ -26,8 +28,10 @@ def make_plan(
     sizes: tuple[int, ...] = (16, 32, 64, 128),
     modes: tuple[Mode, ...] = ("compute", "end_to_end"),
     devices: tuple[str, ...] | None = None,
+    **bench: Any,
 ) -> Plan:
-    return Plan(
+    """A quick plan: few sizes, short timing blocks, no refinement and no guard unless asked for."""
+    settings = BenchmarkSettings(
         backend=backend,
         devices=devices,
         sizes=sizes,
@@ -36,7 +40,14 @@ def make_plan(
         tf32=False,
         cpu_threads=None,
         timing=QUICK_TIMING,
+        refine=RefineSettings(enabled=False),
     )
+    return Plan(bench=dataclasses.replace(settings, **bench))
+
+
+def with_bench(plan: Plan, **changes: Any) -> Plan:
+    """The plan with some of its benchmark settings changed."""
+    return dataclasses.replace(plan, bench=dataclasses.replace(plan.bench, **changes))
 
 
 def free_port() -> int:

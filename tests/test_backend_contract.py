@@ -5,7 +5,6 @@ Nothing here skips: a framework that is missing fails its tests, so CI must inst
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
 import time
@@ -22,7 +21,7 @@ from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
 from monitor.model import DTYPES, GPU_PROBLEM, MODES, DeviceFailure, DeviceInfo, Measurement, Mode, SweepResult
 from monitor.protocol import Environment, Message
 from monitor.sweep import run_sweep
-from tests.conftest import QUICK_TIMING, make_plan
+from tests.conftest import QUICK_TIMING, make_plan, with_bench
 
 BACKENDS = ("tensorflow", "torch", "jax")
 # How each framework names the first GPU; none exists here, so asking for it must fail, never fall back.
@@ -106,7 +105,7 @@ def test_a_missing_gpu_is_a_fatal_failure_not_a_cpu_timing(backend: CheckedBacke
     """Asking for a GPU this machine lacks emits a fatal DeviceFailure and times nothing in its place."""
     messages: list[Message] = []
     gpu = GPU_NAMES[backend.name]
-    plan = dataclasses.replace(make_plan(backend.name, sizes=(8,)), devices=(gpu,))
+    plan = with_bench(make_plan(backend.name, sizes=(8,)), devices=(gpu,))
     run_plan(plan, backend, messages.append, time.perf_counter)
     failures = [m for m in messages if isinstance(m, DeviceFailure)]
     assert [(f.device, f.fatal) for f in failures] == [(gpu, True)]
@@ -127,7 +126,7 @@ def test_prepare_refuses_a_device_it_does_not_know(backend: CheckedBackend, devi
 @pytest.mark.parametrize("name", BACKENDS)
 def test_worker_process_sweep_succeeds_with_the_options_applied(name: str) -> None:
     """The real worker process times a plan with the backend and reports TF32 and one CPU thread as asked."""
-    plan = dataclasses.replace(make_plan(name, sizes=(16, 32)), tf32=True, cpu_threads=1)
+    plan = with_bench(make_plan(name, sizes=(16, 32)), tf32=True, cpu_threads=1)
     outcome = run_sweep(plan, timeout_s=120, cancel=threading.Event())
     assert outcome.result is SweepResult.SUCCESS, outcome.reason
     assert outcome.snapshot is not None

@@ -123,13 +123,13 @@ def test_a_plan_from_the_wire_holds_the_benchmark_rules() -> None:
     from monitor.protocol import Plan  # noqa: PLC0415
     from monitor.settings import BenchmarkSettings  # noqa: PLC0415
 
-    good = json.loads(Plan.from_settings(BenchmarkSettings(), GuardSettings()).to_json())
+    good = json.loads(Plan(bench=BenchmarkSettings(), guard=GuardSettings()).to_json())
     for change, message in (
         (("sizes", [0, 10]), r"sizes\[0\]"),
         (("dtypes", ["float8"]), r"dtypes\[0\]: unknown dtype"),
     ):
         with pytest.raises(DecodeError, match=message):
-            from_data(Plan, {**good, change[0]: change[1]})
+            from_data(Plan, {**good, "bench": {**good["bench"], change[0]: change[1]}})
 
 
 def test_settings_built_in_code_refuse_text_durations() -> None:

@@ -187,7 +187,7 @@ def test_any_document_is_accepted_and_usable_or_refused_clearly(tmp_path: Path, 
         assert all(len(str(p)) < 400 for p in problems)
         return
     # What `run` does with them before any sweep: the worker's plan and the scheduler's trigger.
-    plan = Plan.from_settings(loaded.benchmark, loaded.guard)
+    plan = Plan(bench=loaded.benchmark, guard=loaded.guard)
     assert Plan.from_json(plan.to_json()) == plan
     schedule = loaded.schedule
     trigger = SweepScheduler._build_trigger(schedule.interval_s, schedule.cron, schedule.jitter_s)

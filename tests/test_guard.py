@@ -679,8 +679,8 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
         service.stop()
         thread.join(10)
     assert dict(state.retries)[RetryResult.MEASURED] == 1
-    assert launches[1].devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
-    assert launches[1].expect_gpus == 0  # it names some GPUs only: the others are not missing
+    assert launches[1].bench.devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
+    assert launches[1].bench.expect_gpus == 0  # it names some GPUs only: the others are not missing
     assert state.latest is not None
     assert not state.latest.withheld
     assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)

@@ -64,8 +64,8 @@ def test_messages_round_trip(message: Message) -> None:
 
 def test_plan_round_trips_from_settings() -> None:
     """The plan built from settings survives the trip to the worker."""
-    plan = Plan.from_settings(
-        BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3), GuardSettings(cpu_max_other_cores=0.25)
+    plan = Plan(
+        bench=BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3), guard=GuardSettings(cpu_max_other_cores=0.25)
     )
     assert Plan.from_json(plan.to_json()) == plan
 

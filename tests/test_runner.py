@@ -27,7 +27,7 @@ from monitor.model import (
 )
 from monitor.protocol import Message, Plan
 from monitor.settings import RefineSettings
-from tests.conftest import make_plan
+from tests.conftest import make_plan, with_bench
 from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
 
 
@@ -51,7 +51,7 @@ def test_n1_is_probed_for_the_fixed_cost_when_not_configured() -> None:
 
 def test_refinement_times_the_bracket_in_visits_with_sizes_added_between() -> None:
     """Around the true n ≈ 46, the bracket 32–64 gains sizes ≤ 20% apart, each timed in 5 visits on both devices."""
-    plan = dataclasses.replace(
+    plan = with_bench(
         make_plan("tests.fakes:curve", modes=("compute",)),
         refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
     )
@@ -87,7 +87,7 @@ def test_sizes_between_are_aligned_where_they_can_be_and_never_repeat_the_ends()
 
 def test_refinement_stops_when_its_budget_is_spent() -> None:
     """A budget that is spent before the first visit adds no sizes and times nothing twice."""
-    plan = dataclasses.replace(
+    plan = with_bench(
         make_plan("tests.fakes:curve", modes=("compute",)),
         refine=RefineSettings(enabled=True, visits=5, spacing=0.01, budget_s=1e-6),
     )
@@ -108,7 +108,7 @@ def _noisy_sweep_and_points(seed: int, *, refine: bool, process_spread: float) -
     backend = VisitNoiseBackend(
         BackendOptions(tf32=False, cpu_threads=1), clock=clock, seed=seed, spread=0.1, process_spread=process_spread
     )
-    plan = dataclasses.replace(
+    plan = with_bench(
         make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
         refine=RefineSettings(enabled=refine, visits=7, spacing=0.2, budget_s=30),
     )
@@ -156,7 +156,7 @@ def test_visits_make_the_crossover_steady_where_one_visit_scatters() -> None:
 
 def test_cpu_is_skipped_far_past_the_crossover_when_allowed() -> None:
     """With skip_cpu_above_speedup=10, the CPU stops after two sizes where the GPU won by 10x or more."""
-    plan = dataclasses.replace(
+    plan = with_bench(
         make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
         skip_cpu_above_speedup=10.0,
     )
@@ -175,7 +175,7 @@ def test_cpu_is_never_skipped_by_default() -> None:
 
 def test_interval_comes_from_visits_and_contains_the_estimate() -> None:
     """With refinement the interval surrounds n*; without it (one visit a size) none is published."""
-    refined = dataclasses.replace(
+    refined = with_bench(
         make_plan("tests.fakes:curve", modes=("compute",)),
         refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
     )
@@ -275,7 +275,7 @@ def test_a_failed_visit_takes_its_round_back_so_visits_stay_paired() -> None:
     """A GPU visit that fails mid-refinement leaves CPU and GPU with as many visits at that size, never shifted."""
     clock = VirtualClock()
     backend = FailsOnceBackend(BackendOptions(tf32=False, cpu_threads=1), clock=clock)
-    plan = dataclasses.replace(
+    plan = with_bench(
         make_plan("tests.fakes:curve", sizes=(16, 32, 64, 128, 256, 512), modes=("compute",)),
         refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
     )

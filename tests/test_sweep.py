@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import threading
 import time
@@ -12,7 +11,7 @@ import pytest
 from monitor.model import CrossoverState, SweepResult
 from monitor.protocol import Plan
 from monitor.sweep import SubprocessWorker, Worker, run_sweep
-from tests.conftest import make_plan
+from tests.conftest import make_plan, with_bench
 
 
 class RecordingLauncher:
@@ -102,7 +101,7 @@ def test_plugin_bug_fails_its_device_not_the_sweep() -> None:
 
 def test_missing_expected_gpu_fails_the_sweep_and_is_named() -> None:
     """With expect_gpus=1 and no GPU found, the sweep fails and 'expected-gpu-0' is reported down."""
-    plan = dataclasses.replace(make_plan("tests.fakes:cpu_only"), expect_gpus=1)
+    plan = with_bench(make_plan("tests.fakes:cpu_only"), expect_gpus=1)
     outcome = run_sweep(plan, timeout_s=30, cancel=threading.Event())
     assert outcome.result is SweepResult.FAILED
     assert "expected 1 GPU(s)" in outcome.reason
@@ -156,7 +155,7 @@ def test_tensorflow_sweep_on_this_cpu_says_no_gpu() -> None:
 @pytest.mark.slow
 def test_tensorflow_expecting_a_gpu_here_fails_naming_the_missing_driver() -> None:
     """expect_gpus on this driverless machine fails the sweep; the missing GPU's reason says why TensorFlow has none."""
-    plan = dataclasses.replace(make_plan("tensorflow", sizes=(8,), modes=("compute",)), expect_gpus=1)
+    plan = with_bench(make_plan("tensorflow", sizes=(8,), modes=("compute",)), expect_gpus=1)
     outcome = run_sweep(plan, timeout_s=120, cancel=threading.Event())
     assert outcome.result is SweepResult.FAILED
     assert outcome.snapshot is not None

@@ -96,7 +96,7 @@ class _Session:
         cached = self.timings.get((device.device, dtype, mode, size))
         if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
             return cached.median_s if cached is not None else None
-        timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.timing, calls=None)
+        timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.bench.timing, calls=None)
         if timing is None:
             return None
         self.timed.add(device.device)
@@ -133,10 +133,10 @@ class _Session:
             return
         if device.device in self.failed | self.withheld or self.retry_is_over():
             return
-        blocks = dataclasses.replace(self.plan.timing, min_blocks=REVISIT_BLOCKS, max_blocks=REVISIT_BLOCKS)
+        blocks = dataclasses.replace(self.plan.bench.timing, min_blocks=REVISIT_BLOCKS, max_blocks=REVISIT_BLOCKS)
         again = self._attempt(device, size, dtype, mode, role="refine", settings=blocks, calls=timing.calls_per_block)
         if again is not None:
-            self.timings[where] = with_visit(timing, again, self.plan.timing.target_spread)
+            self.timings[where] = with_visit(timing, again, self.plan.bench.timing.target_spread)
             self._emit_point(device, size, dtype, mode)  # replaces the point's earlier message
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
@@ -264,7 +264,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     environment = {str(k): str(v) for k, v in backend.environment().items()}
     emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
-    devices = select_devices(backend, plan.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
+    devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
     for device in devices:
         # The driver's UUID and PCI bus id win over what the framework said: they are what other exporters use.
@@ -275,14 +275,14 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
-    refine_left = plan.refine.budget_s  # the budget is the refinement's own time, over all dtypes and modes
-    for dtype in plan.dtypes:
-        for mode in plan.modes:
-            if 1 not in plan.sizes:
+    refine_left = plan.bench.refine.budget_s  # the budget is the refinement's own time, over all dtypes and modes
+    for dtype in plan.bench.dtypes:
+        for mode in plan.bench.modes:
+            if 1 not in plan.bench.sizes:
                 for device in devices:
                     session.point(device, 1, dtype, mode, "probe")
             _sweep_sizes(session, devices, dtype, mode)
-            if plan.refine.enabled and refine_left > 0:
+            if plan.bench.refine.enabled and refine_left > 0:
                 started = clock()
                 _refine(session, devices, dtype, mode, started + refine_left)
                 refine_left -= clock() - started
@@ -292,9 +292,9 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
 
 def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, problem: str | None, emit: Emit) -> None:
     """One failure per expected GPU not found, saying why where the backend could tell (it found none)."""
-    for index in range(found_gpus, plan.expect_gpus):
+    for index in range(found_gpus, plan.bench.expect_gpus):
         # A named series (expected-gpu-N) so that matmul_device_up says 0 and the device-down alert fires.
-        reason = f"expected {plan.expect_gpus} GPU(s), {backend} found {found_gpus}: " + (
+        reason = f"expected {plan.bench.expect_gpus} GPU(s), {backend} found {found_gpus}: " + (
             problem
             or "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
         )
@@ -312,11 +312,11 @@ def _any_gpu_free(session: _Session, devices: list[DeviceInfo]) -> bool:
 
 
 def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
-    factor = session.plan.skip_cpu_above_speedup
+    factor = session.plan.bench.skip_cpu_above_speedup
     cpus = [d for d in devices if d.kind == "cpu"]
     gpus = [d for d in devices if d.kind == "gpu"]
     streak = 0  # consecutive sizes at which every GPU beat every CPU by the factor
-    for size in session.plan.sizes:
+    for size in session.plan.bench.sizes:
         for device in devices:
             if device.kind == "cpu" and factor is not None and streak >= 2:  # noqa: PLR2004 - two in a row
                 continue
@@ -343,7 +343,7 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
     and a GPU's k-th visits are taken together. A size's round is kept whole: if one device's visit
     fails there, the round's other visits are taken back and the size is visited no more.
     """
-    refine = session.plan.refine
+    refine = session.plan.bench.refine
     cpus = [d for d in devices if d.kind == "cpu"]
     gpus = [d for d in devices if d.kind == "gpu"]
     done: set[int] = set()

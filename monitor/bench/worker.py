@@ -71,9 +71,9 @@ def main() -> int:
     except (ValueError, TypeError, KeyError) as exc:
         emit(Fatal(f"the worker could not read its plan: {exc}"))
         return 1
-    options = BackendOptions(tf32=plan.tf32, cpu_threads=plan.cpu_threads or default_cpu_threads())
+    options = BackendOptions(tf32=plan.bench.tf32, cpu_threads=plan.bench.cpu_threads or default_cpu_threads())
     try:
-        backend = load_backend(plan.backend, options)
+        backend = load_backend(plan.bench.backend, options)
         run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard))
     except MonitorError as exc:
         emit(Fatal(str(exc)))
