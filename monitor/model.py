@@ -299,7 +299,9 @@ class HardwareContext:
 
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
-    """The coherent outcome of one completed sweep; never mutated after it is built."""
+    """What is served after a completed sweep: its timings, crossovers and costs, with the last good
+    timings of devices it withheld carried over (``monitor.carry``; ``measured_at`` says from when).
+    Never mutated after it is built."""
 
     started_at: float  # unix seconds
     finished_at: float
@@ -358,7 +360,8 @@ class SweepOutcome:
 
 @dataclass(frozen=True, kw_only=True)
 class ServiceState:
-    """Everything the HTTP side reads, replaced as a whole after each sweep."""
+    """Everything the HTTP side reads: the served snapshot and the service's counts and times, replaced
+    as a whole after each sweep, retry or skip (``monitor.state``)."""
 
     latest: Snapshot | None = None  # latest sweep whose worker completed
     last_success_at: float | None = None
