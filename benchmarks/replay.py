@@ -34,7 +34,7 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -51,7 +51,17 @@ SAMPLE_S = 300  # Prometheus samples every 5 minutes here: three per sweep
 ALERT = "MatmulCrossoverDrift"
 START = 1_800_000_000.0  # the simulated month's first sweep (any fixed time will do)
 
-Served = dict[CrossoverKey, tuple[float, float | None, float | None]]  # n*, interval, for each crossover found
+
+class ServedCrossover(NamedTuple):
+    """What the service serves for one crossover: n* and its interval when found, and when it was derived."""
+
+    size: float | None
+    ci_lower: float | None
+    ci_upper: float | None
+    derived_at: float | None
+
+
+Served = dict[CrossoverKey, ServedCrossover]  # every crossover the service serves, found or not
 
 
 def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutcome]:
@@ -120,8 +130,16 @@ def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False)
         else:
             store.record(at(outcome, START + index * SWEEP_S))
             latest = store.read().latest
-        found = [] if latest is None else [c for c in latest.crossovers if c.state is CrossoverState.FOUND]
-        served.append({c.key: (c.size, c.ci_lower, c.ci_upper) for c in found if c.size is not None})
+        served.append(
+            {}
+            if latest is None
+            else {
+                c.key: ServedCrossover(c.size, c.ci_lower, c.ci_upper, c.derived_at)
+                if c.state is CrossoverState.FOUND
+                else ServedCrossover(None, None, None, c.derived_at)
+                for c in latest.crossovers
+            }
+        )
     return served
 
 
@@ -139,16 +157,28 @@ def coverage(served: Sequence[Served], mode: str) -> tuple[int, int]:
     """
     inside = pairs = 0
     for before, after in itertools.pairwise(served):
-        for key, (size, low, high) in before.items():
-            fresh = key in after and after[key][0] != size
+        for key, (_, low, high, derived_at) in before.items():
+            nxt = after.get(key, ServedCrossover(None, None, None, None))
+            fresh = nxt.size is not None and nxt.derived_at != derived_at
             if key[4] == mode and fresh and low is not None and high is not None:
                 pairs += 1
-                inside += low <= after[key][0] <= high
+                inside += low <= (nxt.size or 0) <= high
     return inside, pairs
 
 
 def _values(samples: Sequence[float | None]) -> str:
-    return " ".join("_x3" if v is None else f"{v:.6g}x2" for v in samples)  # three samples each: "_x3", "vx2"
+    """promtool's notation for one sweep's value three times ("vx2"), or its absence ("_x3").
+
+    A series that ends is marked stale, as a scrape that no longer finds it marks it: otherwise
+    Prometheus would read its last value for five more minutes, beside the next sweep's other series.
+    """
+    tokens = []
+    for before, v in itertools.pairwise([None, *samples]):
+        if v is not None:
+            tokens.append(f"{v:.12g}x2")
+        else:
+            tokens.append("_x3" if before is None else "stale _x2")
+    return " ".join(tokens)
 
 
 def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path = RULES) -> str:
@@ -161,21 +191,24 @@ def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path =
                 f'job="crossover-monitor",instance="{instance}",backend="{backend}",gpu="{gpu}",cpu="{cpu}",'
                 f'dtype="{dtype}",mode="{mode}"'
             )
-            columns = list(
-                zip(*[s.get((backend, gpu, cpu, dtype, mode), (None, None, None)) for s in served], strict=True)
-            )
-            for name, column in zip(("size", "ci_lower_size", "ci_upper_size"), columns, strict=True):
+            absent = ServedCrossover(None, None, None, None)
+            columns = list(zip(*[s.get((backend, gpu, cpu, dtype, mode), absent) for s in served], strict=True))
+            names = ("size", "ci_lower_size", "ci_upper_size", "timestamp_seconds")
+            for name, column in zip(names, columns, strict=True):
                 series.append({"series": f"matmul_crossover_{name}{{{labels}}}", "values": _values(column)})
     sweeps = max(len(s) for s in runs.values())
     end = sweeps * SWEEP_S
     onset = f'(ALERTS{{alertname="{ALERT}",alertstate="firing"}} unless ALERTS{{alertname="{ALERT}",alertstate="firing"}} offset 5m)'
     # Each answer carries a label "q" naming its question, so that promtool's report can be read back.
+    # Over both MatmulCrossoverDrift rules (the 2-hour one carries window="2h"): every onset counts, the first
+    # of either is when a user hears of it.
     questions = {
-        "count": f"count_over_time({onset}[{end}s:5m])",
-        "first": f"min_over_time(timestamp({onset})[{end}s:5m])",
+        "count": f"sum by (instance, mode) (count_over_time({onset}[{end}s:5m]))",
+        "first": f"min by (instance, mode) (min_over_time(timestamp({onset})[{end}s:5m]))",
     }
     if plant_at is not None:
-        questions["after"] = f"min_over_time(timestamp({onset})[{end - plant_at * SWEEP_S}s:5m])"
+        since = end - plant_at * SWEEP_S
+        questions["after"] = f"min by (instance, mode) (min_over_time(timestamp({onset})[{since}s:5m]))"
     tests = [
         {"expr": f'label_replace({expr}, "q", "{name}", "", "")', "eval_time": f"{end}s", "exp_samples": []}
         for name, expr in questions.items()
@@ -249,11 +282,11 @@ def replay(
     modes = sorted({k[4] for s in served.values() for sweep in s for k in sweep})
     widths = {
         mode: statistics.median(
-            v[2] / v[1]
+            v.ci_upper / v.ci_lower
             for s in served.values()
             for sweep in s
             for k, v in sweep.items()
-            if k[4] == mode and v[1] and v[2]
+            if k[4] == mode and v.ci_lower and v.ci_upper
         )
         for mode in modes
     }
@@ -287,9 +320,9 @@ def replay(
             row["delay_sweeps"].append(None if first_after is None else (first_after - plant_at * SWEEP_S) / SWEEP_S)
         result["per_mode"][mode] = row
     result["served_n"] = {
-        mode: sorted(round(v[0]) for s in served.values() for sweep in s for k, v in sweep.items() if k[4] == mode)[
-            :: max(1, sweeps // 20)
-        ]
+        mode: sorted(
+            round(v.size) for s in served.values() for sweep in s for k, v in sweep.items() if k[4] == mode and v.size
+        )[:: max(1, sweeps // 20)]
         for mode in modes
     }
     return result

@@ -153,7 +153,7 @@ def test_bad_flags_are_unknown_with_the_reason() -> None:
 def test_the_alerts_firing_for_this_node_are_read_from_prometheus(tmp_path: Path, start: StartService) -> None:
     """A real Prometheus scrapes the real service; a rule standing in for the drift rule's verdict fires at once.
 
-    (The drift rule itself needs a day of history; tests/prometheus/crossover_drift.yml tests when it fires.)
+    (The drift rule itself needs a day of history; tests/prometheus/crossover_drift*.yml test when it fires.)
     """
     service = start(fake_config("curve"))
     service.wait_for_sweeps("success")
