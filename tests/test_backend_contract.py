@@ -23,6 +23,8 @@ from monitor.protocol import Environment, Message
 from monitor.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan, with_bench
 
+pytestmark = pytest.mark.framework
+
 BACKENDS = ("tensorflow", "torch", "jax")
 # How each framework names the first GPU; none exists here, so asking for it must fail, never fall back.
 GPU_NAMES = {"tensorflow": "/GPU:0", "torch": "cuda:0", "jax": "gpu:0"}
