@@ -19,7 +19,16 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from monitor.model import Crossover, CrossoverState, DeviceInfo, Measurement, Mode, RecentCrossovers, Timing
+from monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    RecentCrossovers,
+    Timing,
+    gpu_cpu_pairs,
+)
 from monitor.model import curves as group_curves
 
 BOOTSTRAP_RESAMPLES = 200
@@ -246,13 +255,13 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
         (key.backend, key.device, key.dtype, key.mode): {n: m.timing for n, m in points.items()}
         for key, points in group_curves(measurements, roles=("sweep", "refine")).items()
     }
-    devices = list(devices)
-    gpus = [d for d in devices if d.kind == "gpu"]
-    cpus = [d for d in devices if d.kind == "cpu"]
+    pairs = gpu_cpu_pairs(devices)
     found: list[Crossover] = []
     for backend, dtype, mode in sorted({(k[0], k[2], k[3]) for k in curves}):
-        for cpu in (c for c in cpus if c.backend == backend):
-            pairs = [
+        for cpu, gpus in pairs:
+            if cpu.backend != backend:
+                continue
+            paired = [
                 _pair(
                     curves,
                     Crossover(
@@ -265,10 +274,9 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
                     ),
                 )
                 for gpu in gpus
-                if gpu.backend == backend
             ]
-            found.extend(p for p in pairs if p is not None)
-            if not pairs and (backend, cpu.device, dtype, mode) in curves:
+            found.extend(p for p in paired if p is not None)
+            if not paired and (backend, cpu.device, dtype, mode) in curves:
                 found.append(
                     Crossover(
                         backend=backend, gpu="none", cpu=cpu.device, dtype=dtype, mode=mode, state=CrossoverState.NO_GPU

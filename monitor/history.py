@@ -361,16 +361,9 @@ def _run_row(kind: str, outcome: SweepOutcome | None, now: float, reason: str) -
     devices: list[dict[str, str]] = []
     crossovers: list[dict[str, Any]] = []
     if snapshot is not None:
-        withheld = {w.device: w.reason.value for w in snapshot.withheld}
-        failed = {f.device: f.reason for f in snapshot.failures}
         for device in snapshot.devices:
-            name = device.device
-            if name in withheld:
-                devices.append({"device": name, "state": "withheld", "reason": withheld[name]})
-            elif name in failed and name not in snapshot.measured_devices:
-                devices.append({"device": name, "state": "failed", "reason": failed[name]})
-            else:
-                devices.append({"device": name, "state": "measured", "reason": ""})
+            state, why = snapshot.device_state(device.device)
+            devices.append({"device": device.device, "state": state.value, "reason": why})
         crossovers = [
             {"gpu": c.gpu, "mode": c.mode, "state": c.state.value, "size": c.size} for c in snapshot.crossovers
         ]

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from monitor import __version__
-from monitor.model import CrossoverState, ServiceState, Snapshot, SweepResult
+from monitor.model import CrossoverState, DeviceState, ServiceState, Snapshot, SweepResult
 
 Registry = CollectorRegistry  # for modules that hold a registry without importing prometheus_client
 
@@ -296,7 +296,6 @@ class StateCollector(Collector):
         # Up unless it failed: a device withheld as busy works (its timings are carried over), and a
         # sweep whose worker died measured nothing, so every device is down.
         completed = state.last_outcome is not None and state.last_outcome.snapshot is not None
-        failed = latest.failed_devices
         up = _gauge(DEVICE_UP)
         info = _info(DEVICE_INFO)
         seen = set()
@@ -313,11 +312,8 @@ class StateCollector(Collector):
                 ],
                 {},
             )
-            # Measured or withheld; a GPU whose every point failed (out of memory, say) measured nothing: down.
-            works = device.device in latest.measured_devices | latest.withheld_devices
-            up.add_metric(
-                [device.backend, device.device], 1 if completed and works and device.device not in failed else 0
-            )
+            works = latest.device_state(device.device)[0] is not DeviceState.FAILED
+            up.add_metric([device.backend, device.device], 1 if completed and works else 0)
         for failure in latest.failures:
             if failure.whole_device and (failure.backend, failure.device) not in seen:
                 seen.add((failure.backend, failure.device))

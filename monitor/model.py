@@ -77,6 +77,14 @@ class WithheldReason(enum.Enum):
     YIELDED = "yielded"
 
 
+class DeviceState(enum.Enum):
+    """What became of a device in the served snapshot; the run history's device states."""
+
+    MEASURED = "measured"  # timed in this sweep (or a retry laid over it)
+    WITHHELD = "withheld"  # another program was using it: its last good timings are served, if any
+    FAILED = "failed"  # it failed whole, or none of its points could be timed
+
+
 class StopReason(enum.Enum):
     """Why the timing loop stopped repeating blocks for one point."""
 
@@ -247,6 +255,17 @@ def failed_devices(failures: Iterable[DeviceFailure]) -> frozenset[str]:
     return frozenset(f.device for f in failures if f.whole_device)
 
 
+def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tuple[DeviceInfo, ...]], ...]:
+    """Each CPU with the GPUs a crossover compares against it: those of its own backend, in order.
+
+    The one pairing of GPUs with CPUs: the crossovers, their withheld states, the runner's CPU skip and
+    the report's speed-ups all take it from here.
+    """
+    listed = tuple(devices)
+    gpus = [d for d in listed if d.kind == "gpu"]
+    return tuple((cpu, tuple(g for g in gpus if g.backend == cpu.backend)) for cpu in listed if cpu.kind == "cpu")
+
+
 # GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
 RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED})
 
@@ -333,6 +352,23 @@ class Snapshot:
     @property
     def failed_devices(self) -> frozenset[str]:
         return failed_devices(self.failures)
+
+    def device_state(self, device: str) -> tuple[DeviceState, str]:
+        """The device's state in this snapshot and why (a withheld reason's value, a failure's reason).
+
+        Up (``matmul_device_up``) is any state but FAILED: a withheld device works, its timings carried.
+        """
+        whole = next((f for f in self.failures if f.device == device and f.whole_device), None)
+        if whole is not None:
+            return DeviceState.FAILED, whole.reason
+        withheld = next((w for w in self.withheld if w.device == device), None)
+        if withheld is not None:
+            return DeviceState.WITHHELD, withheld.reason.value
+        if device in self.measured_devices:
+            return DeviceState.MEASURED, ""
+        # Every point failed (out of memory, say), or the sweep never reached it.
+        lost = next((f.reason for f in self.failures if f.device == device), "nothing was measured")
+        return DeviceState.FAILED, lost
 
     @property
     def gpus_to_retry(self) -> tuple[str, ...]:

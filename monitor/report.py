@@ -20,8 +20,10 @@ from monitor.model import (
     HardwareContext,
     Measurement,
     PointKey,
+    Snapshot,
     SweepOutcome,
     curves,
+    gpu_cpu_pairs,
 )
 from monitor.protocol import Message, Plan, Started
 
@@ -33,19 +35,16 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _speedups(outcome: SweepOutcome) -> dict[tuple[str, str, str, int], float]:
-    """CPU time over GPU time per (gpu device, dtype, mode, size), against the backend's CPU."""
-    assert outcome.snapshot is not None  # noqa: S101 - callers check
-    snapshot = outcome.snapshot
-    cpus = {d.device for d in snapshot.devices if d.kind == "cpu"}
-    cpu_time = {
-        (m.key.dtype, m.key.mode, m.key.size): m.timing.median_s for m in snapshot.measurements if m.key.device in cpus
-    }
+def _speedups(snapshot: Snapshot) -> dict[tuple[str, str, str, int], float]:
+    """CPU time over GPU time per (gpu device, dtype, mode, size), against the first CPU it is paired with."""
+    times = {(m.key.device, m.key.dtype, m.key.mode, m.key.size): m.timing.median_s for m in snapshot.measurements}
     ratios: dict[tuple[str, str, str, int], float] = {}
-    for m in snapshot.measurements:
-        reference = cpu_time.get((m.key.dtype, m.key.mode, m.key.size))
-        if m.key.device not in cpus and reference is not None:
-            ratios[(m.key.device, m.key.dtype, m.key.mode, m.key.size)] = reference / m.timing.median_s
+    for cpu, gpus in gpu_cpu_pairs(snapshot.devices):
+        paired = {g.device for g in gpus}
+        for (device, dtype, mode, size), gpu_time in times.items():
+            reference = times.get((cpu.device, dtype, mode, size))
+            if device in paired and reference is not None:
+                ratios.setdefault((device, dtype, mode, size), reference / gpu_time)
     return ratios
 
 
@@ -78,7 +77,7 @@ def render_table(outcome: SweepOutcome) -> str:
     if snapshot is None:
         return "\n".join(lines)
     lines += [f"{k}: {v}" for k, v in snapshot.environment if k != GPU_PROBLEM]  # said by the crossovers
-    speedups = _speedups(outcome)
+    speedups = _speedups(snapshot)
     names = {d.device: d.name for d in snapshot.devices}
     for key, curve in curves(snapshot.measurements).items():
         device, dtype, mode, points = key.device, key.dtype, key.mode, list(curve.values())

@@ -34,6 +34,7 @@ from monitor.model import (
     SweepResult,
     Withheld,
     failed_devices,
+    gpu_cpu_pairs,
 )
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
 
@@ -224,8 +225,7 @@ def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
     """The explicit WITHHELD state for every GPU–CPU pair of which one side was withheld."""
     withheld = {w.device for w in collected.withheld}
     failed = failed_devices(collected.failures)
-    cpus = [d for d in collected.devices if d.kind == "cpu" and d.device not in failed]
-    gpus = [d for d in collected.devices if d.kind == "gpu" and d.device not in failed]
+    working = [d for d in collected.devices if d.device not in failed]
     return [
         Crossover(
             backend=gpu.backend,
@@ -235,8 +235,8 @@ def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
             mode=mode,
             state=CrossoverState.WITHHELD,
         )
+        for cpu, gpus in gpu_cpu_pairs(working)
         for gpu in gpus
-        for cpu in cpus
         if gpu.device in withheld or cpu.device in withheld
         for dtype in plan.bench.dtypes
         for mode in plan.bench.modes

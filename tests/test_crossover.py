@@ -23,21 +23,15 @@ from monitor.model import (
     DeviceInfo,
     Measurement,
     Mode,
-    PointKey,
     RecentCrossovers,
-    StopReason,
-    Timing,
 )
+from tests.builders import measurement
 
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
 
 
 def _measurement(device: str, size: int, seconds: float, mode: Mode = "compute", dtype: str = "float32") -> Measurement:
-    key = PointKey(backend="fake", device=device, dtype=dtype, mode=mode, size=size)
-    timing = Timing(
-        median_s=seconds, iqr_s=0.0, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
-    )
-    return Measurement(key=key, timing=timing)
+    return measurement(device, size, seconds, mode=mode, dtype=dtype)
 
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")

@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
-from monitor.model import RecentCrossovers, ServiceState, SweepOutcome, SweepResult
+from monitor.model import (
+    DeviceInfo,
+    RecentCrossovers,
+    ServiceState,
+    SweepOutcome,
+    SweepResult,
+    Withheld,
+    WithheldReason,
+)
 from monitor.report import render_history
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
@@ -67,6 +75,22 @@ def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
     table = render_history(read_recent(tmp_path, 10))
     assert "the worker exited (status 1)" in table
     assert "cuda:0 compute 140" in table
+
+
+def test_each_device_is_recorded_in_the_state_its_metrics_serve(tmp_path: Path) -> None:
+    """Measured, withheld with its reason, failed: a GPU the sweep never reached measured nothing, so it failed."""
+    busy = Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process")
+    never = DeviceInfo(backend="torch", device="cuda:2", kind="gpu", name="H200")
+    devices = (*SNAPSHOT.devices, DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200"), never)
+    served = dataclasses.replace(SNAPSHOT, devices=devices, withheld=(busy,))
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", dataclasses.replace(SUCCESS, snapshot=served), served_after(SUCCESS), "torch")
+    (run,) = history.recent(1)
+    assert run.devices == (
+        ("cuda:0", "measured", ""),
+        ("cuda:1", "withheld", "gpu_busy"),
+        ("cuda:2", "failed", "nothing was measured"),
+    )
 
 
 def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:

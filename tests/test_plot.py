@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -12,23 +13,19 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
-from monitor.crossover import crossovers
 from monitor.metrics import build_registry
 from monitor.model import (
     DeviceInfo,
-    Measurement,
-    PointKey,
     Role,
     ServiceState,
     Snapshot,
-    StopReason,
     SweepOutcome,
     SweepResult,
-    Timing,
 )
 from monitor.plot import Chart, PlotError, from_json, from_url
 from monitor.report import render_json
 from monitor.server import MetricsServer
+from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
 
@@ -36,18 +33,6 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (the plot extra) is not installed")
 SIZES = (1, 16, 32, 64, 128, 256)
 FINISHED_AT = 1_795_000_000.0
-
-
-def _timing(seconds: float) -> Timing:
-    return Timing(
-        median_s=seconds,
-        iqr_s=seconds / 50,
-        blocks=5,
-        calls_per_block=10,
-        stop_reason=StopReason.CONVERGED,
-        noisy=False,
-        samples_s=(seconds,) * 5,
-    )
 
 
 def _snapshot(devices: tuple[DeviceInfo, ...] = (CPU, GPU), dtypes: tuple[str, ...] = ("float32",)) -> Snapshot:
@@ -59,16 +44,13 @@ def _snapshot(devices: tuple[DeviceInfo, ...] = (CPU, GPU), dtypes: tuple[str, .
             for device in devices:
                 for size, role in points:
                     seconds = cpu_seconds(size) if device.kind == "cpu" else gpu_seconds(size, mode)
-                    key = PointKey(backend="fake", device=device.device, dtype=dtype, mode=mode, size=size)
-                    measurements.append(Measurement(key=key, timing=_timing(seconds), role=role))
-    return Snapshot(
-        started_at=FINISHED_AT - 5,
-        finished_at=FINISHED_AT,
-        devices=devices,
-        measurements=tuple(measurements),
-        crossovers=crossovers(devices, measurements),
-        environment=(("framework", "fake"), ("framework_version", "1.0")),
-    )
+                    point = builders.measurement(
+                        device.device, size, seconds, dtype=dtype, mode=mode, role=role, iqr_s=seconds / 50
+                    )
+                    timing = dataclasses.replace(point.timing, calls_per_block=10, samples_s=(seconds,) * 5)
+                    measurements.append(dataclasses.replace(point, timing=timing))
+    environment = (("framework", "fake"), ("framework_version", "1.0"))
+    return builders.snapshot(devices, measurements, finished_at=FINISHED_AT, environment=environment)
 
 
 def _json_file(tmp_path: Path, snapshot: Snapshot | None, result: SweepResult = SweepResult.SUCCESS) -> Path:

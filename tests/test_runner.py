@@ -20,13 +20,11 @@ from monitor.model import (
     DeviceInfo,
     Measurement,
     Mode,
-    PointKey,
     Role,
-    StopReason,
-    Timing,
 )
 from monitor.protocol import Message, Plan
 from monitor.settings import RefineSettings
+from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
 from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
 
@@ -213,11 +211,7 @@ def test_the_fixed_cost_probe_does_not_sway_the_crossover() -> None:
     """A GPU 'win' at the unasked-for n=1 probe does not turn a clean crossing into 'ambiguous'."""
 
     def m(device: str, size: int, seconds: float, role: Role = "sweep") -> Measurement:
-        key = PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)
-        timing = Timing(
-            median_s=seconds, iqr_s=0, blocks=3, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
-        )
-        return Measurement(key=key, timing=timing, role=role)
+        return measurement(device, size, seconds, role=role)
 
     cpu, gpu = CurveBackend(BackendOptions(tf32=False, cpu_threads=1)).discover()
     measurements = [m("/CPU:0", 1, 2.0, "probe"), m("/GPU:0", 1, 1.0, "probe")]
@@ -243,11 +237,7 @@ def test_cost_model_of_known_times() -> None:
     """fixed = t(1); peak = 2n³ / (t(n) - fixed) at the largest n."""
 
     def m(size: int, seconds: float) -> Measurement:
-        key = PointKey(backend="b", device="d", dtype="float32", mode="compute", size=size)
-        timing = Timing(
-            median_s=seconds, iqr_s=0, blocks=3, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
-        )
-        return Measurement(key=key, timing=timing)
+        return measurement("d", size, seconds, backend="b")
 
     (model,) = cost_models([m(1, 1e-4), m(1000, 1e-4 + 2e9 / 1e12)])
     assert model.fixed_s == 1e-4

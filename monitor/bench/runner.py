@@ -29,6 +29,7 @@ from monitor.model import (
     Withheld,
     WithheldReason,
     canonical_device,
+    gpu_cpu_pairs,
 )
 from monitor.protocol import Environment, Message, Plan, Started
 from monitor.settings import GuardSettings, TimingSettings
@@ -313,7 +314,7 @@ def _any_gpu_free(session: _Session, devices: list[DeviceInfo]) -> bool:
 
 def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
     factor = session.plan.bench.skip_cpu_above_speedup
-    cpus = [d for d in devices if d.kind == "cpu"]
+    pairs = gpu_cpu_pairs(devices)
     gpus = [d for d in devices if d.kind == "gpu"]
     streak = 0  # consecutive sizes at which every GPU beat every CPU by the factor
     for size in session.plan.bench.sizes:
@@ -325,8 +326,8 @@ def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode:
             continue
         ratios = [
             session.speedup(c, g, dtype, mode, size)
-            for c in cpus
-            for g in gpus
+            for c, paired in pairs
+            for g in paired
             if g.device not in session.failed | session.withheld
         ]
         far = bool(ratios) and all(r is not None and r >= factor for r in ratios)

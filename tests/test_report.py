@@ -1,0 +1,33 @@
+"""The `once` table: each GPU's speed-up is taken against the CPU it is paired with."""
+
+from __future__ import annotations
+
+from monitor.model import DeviceInfo, SweepOutcome, SweepResult
+from monitor.report import render_table
+from tests.builders import measurement, snapshot
+
+CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+GPU = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
+OTHER_CPU = DeviceInfo(backend="other", device="cpu", kind="cpu", name="cpu")
+
+
+def _rows(table: str, device: str) -> list[str]:
+    lines = table.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{device} ("))
+    return [line for line in lines[start + 2 :] if line.strip() and line.split()[0].isdigit()][:2]
+
+
+def test_the_gpu_rows_show_cpu_time_over_gpu_time_and_the_cpu_rows_none() -> None:
+    points = [
+        measurement("/CPU:0", 64, 1e-3),
+        measurement("/GPU:0", 64, 2.5e-4),
+        measurement("/CPU:0", 128, 8e-3),
+        measurement("/GPU:0", 128, 1e-3),
+        # A CPU of another backend at the same sizes must not stand in for this GPU's CPU.
+        measurement("cpu", 64, 1.0, backend="other"),
+        measurement("cpu", 128, 1.0, backend="other"),
+    ]
+    served = snapshot([CPU, GPU, OTHER_CPU], points)
+    table = render_table(SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=served))
+    assert [row.split()[-1] for row in _rows(table, "/GPU:0")] == ["4.00x", "8.00x"]
+    assert [row.split()[-1] for row in _rows(table, "/CPU:0")] == ["-", "-"]
