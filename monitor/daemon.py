@@ -156,7 +156,7 @@ class Service:
                 else None,
                 landing=self._landing_page,
                 freshness=lambda: (self._store.read(), self._scheduler.next_run_at()),
-                picture=lambda: self._picture.svg(self._store.read()),
+                picture=lambda: self._picture.look(self._store.read()),
             )
         except OSError as exc:
             raise StartupError(f"cannot listen on {server.listen}: {exc.strerror or exc}") from None
@@ -332,9 +332,9 @@ class Service:
 
     def _landing_page(self) -> str:
         runs = self._history.recent(20) if self._history is not None else None
-        return page.render(
-            self._settings, self.read_state(), runs, picture=page.plot_available(), now=time.time(), version=__version__
-        )
+        state = self.read_state()
+        picture = self._picture.look(state).state  # the page's visitor will ask for it: start drawing now
+        return page.render(self._settings, state, runs, picture=picture, now=time.time(), version=__version__)
 
     def _reload_requested_over_http(self) -> tuple[bool, str]:
         """POST /-/reload: the same as SIGHUP, answered with the outcome."""

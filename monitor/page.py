@@ -3,11 +3,12 @@
 Rendered on the server from the state the service serves (no script, no external asset), every value
 escaped. The picture is the ``plot`` command's chart of the latest sweep, drawn in a separate process
 (``python -m monitor plot``) so matplotlib never stays loaded in the daemon, and only where the
-optional ``plot`` extra is installed; it is drawn once per sweep and kept.
+optional ``plot`` extra is installed; it is drawn once per sweep, on a thread of its own, and kept.
 """
 
 from __future__ import annotations
 
+import enum
 import html
 import importlib.util
 import logging
@@ -17,8 +18,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from monitor.history import Run
 from monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, SweepResult
@@ -28,6 +30,7 @@ from monitor.settings import Settings
 log = logging.getLogger(__name__)
 
 _PLOT_TIMEOUT_S = 60.0
+_RELOAD_S = 3  # a chart takes about that long to draw
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; max-width: 72rem; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; }
@@ -51,7 +54,13 @@ def _e(value: object) -> str:
 
 
 def render(
-    settings: Settings, state: ServiceState, runs: Sequence[Run] | None, *, picture: bool, now: float, version: str
+    settings: Settings,
+    state: ServiceState,
+    runs: Sequence[Run] | None,
+    *,
+    picture: PictureState,
+    now: float,
+    version: str,
 ) -> str:
     """The whole page."""
     bench = settings.benchmark
@@ -62,6 +71,8 @@ def render(
     latest = state.latest
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        # No script: while the chart is being drawn, the page comes again by itself.
+        f"<meta http-equiv='refresh' content='{_RELOAD_S}'>" if picture is PictureState.DRAWING else "",
         f"<title>crossover-monitor on {_e(socket.gethostname())}</title><style>{_STYLE}</style></head><body>",
         f"<h1>crossover-monitor <small>{_e(version)}</small></h1>",
         "<nav><a href='/metrics'>/metrics</a><a href='/-/healthy'>/-/healthy</a><a href='/-/ready'>/-/ready</a></nav>",
@@ -81,12 +92,16 @@ def render(
     parts.append("<h2>Latest sweep</h2>")
     if latest is None:
         parts.append("<p>No sweep has completed yet.</p>")
-    elif picture:
+    elif picture is PictureState.DRAWN:
         # The two handlers only mark whether the browser could show it (the page's test reads them).
         parts.append(
             "<img id='sweep' src='/sweep.svg' alt='time against matrix size, CPU and GPU, crossovers marked'"
             " onload=\"this.dataset.shown='yes'\" onerror=\"this.dataset.shown='no'\">"
         )
+    elif picture is PictureState.DRAWING:
+        parts.append("<p id='drawing'>The chart of this sweep is being drawn; the page reloads in a few seconds.</p>")
+    elif picture is PictureState.FAILED:
+        parts.append("<p id='no-picture'>The chart of this sweep could not be drawn; the service's log says why.</p>")
     else:
         parts.append(
             "<p id='no-picture'>Install the plot extra for a picture: pip install 'crossover-monitor[plot]'.</p>"
@@ -173,42 +188,78 @@ def plot_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-class SweepPicture:
-    """The latest sweep's chart as SVG, drawn by a child process once per sweep."""
+class PictureState(enum.Enum):
+    """Where the latest sweep's chart stands, for the page and ``/sweep.svg``."""
 
-    def __init__(self) -> None:
+    NONE = "none"  # no sweep yet
+    UNAVAILABLE = "unavailable"  # the plot extra is not installed
+    DRAWING = "drawing"
+    DRAWN = "drawn"
+    FAILED = "failed"  # this sweep's chart could not be drawn (the log says why); not tried again
+
+
+class Picture(NamedTuple):
+    state: PictureState
+    svg: bytes | None = None
+
+
+class SweepPicture:
+    """The latest sweep's chart as SVG, drawn once per sweep by a child process on a thread of its own.
+
+    Asking never waits for the drawing (up to a minute): an HTTP handler thread held that long is one
+    the scrapes cannot use. The first ask for a sweep starts it and hears DRAWING until it is done.
+    """
+
+    def __init__(self, draw: Callable[[Snapshot], bytes | None] | None = None) -> None:
+        self._draw = draw or _draw_in_child
         self._lock = threading.Lock()
         self._drawn: tuple[float, bytes | None] | None = None  # (sweep's end, picture or None: failed)
+        self._drawing = False
 
-    def svg(self, state: ServiceState) -> bytes | None:
+    def look(self, state: ServiceState) -> Picture:
+        """The latest sweep's picture, or where it stands; starts drawing it if nobody has yet."""
         latest = state.latest
-        if latest is None or not plot_available():
-            return None
-        with self._lock:  # one drawing at a time; the others wait for it and take the same picture
+        if latest is None:
+            return Picture(PictureState.NONE)
+        if not plot_available():
+            return Picture(PictureState.UNAVAILABLE)
+        with self._lock:
             if self._drawn is not None and self._drawn[0] == latest.finished_at:
-                return self._drawn[1]
-            picture = self._draw(latest)
-            self._drawn = (latest.finished_at, picture)  # a failure too: not tried again for this sweep
-            return picture
+                svg = self._drawn[1]
+                return Picture(PictureState.DRAWN, svg) if svg is not None else Picture(PictureState.FAILED)
+            if not self._drawing:  # one drawing at a time: a newer sweep's starts at the next ask after it
+                self._drawing = True
+                threading.Thread(target=self._draw_and_keep, args=(latest,), name="sweep-picture", daemon=True).start()
+            return Picture(PictureState.DRAWING)
 
-    @staticmethod
-    def _draw(latest: Snapshot) -> bytes | None:
-        outcome = SweepOutcome(
-            result=SweepResult.SUCCESS, started_at=latest.started_at, finished_at=latest.finished_at, snapshot=latest
-        )
-        with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
-            source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
-            source.write_text(render_json(outcome), encoding="utf-8")
-            # -P: never a "monitor" from the working directory instead of this one.
-            command = [sys.executable, "-P", "-m", "monitor", "plot", "--from-json", str(source), str(chart)]
-            try:
-                done = subprocess.run(  # noqa: S603 - this interpreter and paths of our own
-                    command, capture_output=True, text=True, timeout=_PLOT_TIMEOUT_S, check=False
-                )
-            except subprocess.TimeoutExpired:
-                log.warning("drawing the sweep's chart took too long; the page goes without it")
-                return None
-            if done.returncode != 0:
-                log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
-                return None
-            return chart.read_bytes()
+    def _draw_and_keep(self, latest: Snapshot) -> None:
+        try:
+            svg = self._draw(latest)
+        except Exception:  # a bug in drawing must not leave "drawing" forever
+            log.exception("drawing the sweep's chart failed")
+            svg = None
+        with self._lock:
+            self._drawn = (latest.finished_at, svg)  # a failure too: not tried again for this sweep
+            self._drawing = False
+
+
+def _draw_in_child(latest: Snapshot) -> bytes | None:
+    outcome = SweepOutcome(
+        result=SweepResult.SUCCESS, started_at=latest.started_at, finished_at=latest.finished_at, snapshot=latest
+    )
+    with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
+        source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
+        source.write_text(render_json(outcome), encoding="utf-8")
+        # -P: never a "monitor" from the working directory instead of this one.
+        command = [sys.executable, "-P", "-m", "monitor", "plot", "--from-json", str(source), str(chart)]
+        try:
+            done = subprocess.run(  # noqa: S603 - this interpreter and paths of our own
+                command, capture_output=True, text=True, timeout=_PLOT_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired:
+            log.warning("drawing the sweep's chart took too long; the page goes without it")
+            return None
+        if done.returncode != 0:
+            log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
+            return None
+        return chart.read_bytes()

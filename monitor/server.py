@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 from monitor.metrics import Registry, exposition_type, render
+from monitor.page import Picture, PictureState
 from monitor.webconfig import WebGate
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class MetricsServer:
         web: WebGate | None = None,
         lifecycle: Lifecycle | None = None,
         landing: Callable[[], str] | None = None,
-        picture: Callable[[], bytes | None] | None = None,
+        picture: Callable[[], Picture] | None = None,
         freshness: Callable[[], tuple[object, ...]] | None = None,
         limits: HttpLimits | None = None,
     ) -> None:
@@ -69,7 +70,7 @@ class MetricsServer:
             "/": lambda _: Response(
                 status=200, body=landing().encode() if landing else _INDEX, content_type="text/html; charset=utf-8"
             ),
-            "/sweep.svg": lambda _: _svg(picture() if picture else None),
+            "/sweep.svg": lambda _: _svg(picture() if picture else Picture(PictureState.UNAVAILABLE)),
         }
         posts: dict[str, Callable[[], tuple[bool, str]]] = (
             {"/-/reload": lifecycle.reload, "/-/sweep": lifecycle.sweep} if lifecycle is not None else {}
@@ -136,10 +137,28 @@ def _lifecycle(request: Request, action: Callable[[], tuple[bool, str]] | None, 
     return Response(status=done if ok else refused, body=(message + "\n").encode())
 
 
-def _svg(drawn: bytes | None) -> Response:
-    if drawn is None:
-        return Response(status=404, body=b"no picture: no sweep yet, or the plot extra is not installed\n")
-    return Response(status=200, body=drawn, content_type="image/svg+xml")
+# What /sweep.svg answers while there is no picture to send: status, body and headers.
+_NO_PICTURE: dict[PictureState, tuple[int, bytes, tuple[tuple[str, str], ...]]] = {
+    PictureState.DRAWING: (
+        503,
+        b"the chart of the latest sweep is being drawn; try again in a few seconds\n",
+        (("Retry-After", "3"),),
+    ),
+    PictureState.FAILED: (500, b"the chart of the latest sweep could not be drawn; the service's log says why\n", ()),
+    PictureState.NONE: (404, b"no picture: no sweep has completed yet\n", ()),
+    PictureState.UNAVAILABLE: (
+        404,
+        b"no picture: the plot extra is not installed: pip install 'crossover-monitor[plot]'\n",
+        (),
+    ),
+}
+
+
+def _svg(picture: Picture) -> Response:
+    if picture.state is PictureState.DRAWN and picture.svg is not None:
+        return Response(status=200, body=picture.svg, content_type="image/svg+xml")
+    status, body, headers = _NO_PICTURE.get(picture.state, _NO_PICTURE[PictureState.FAILED])
+    return Response(status=status, body=body, headers=headers)
 
 
 class _MetricsCache:

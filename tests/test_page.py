@@ -6,17 +6,24 @@ import dataclasses
 import html.parser
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from monitor import page
 from monitor.history import Run
-from monitor.model import GPU_PROBLEM, ServiceState, SweepOutcome, SweepResult, Withheld, WithheldReason
+from monitor.metrics import build_registry
+from monitor.model import GPU_PROBLEM, ServiceState, Snapshot, SweepOutcome, SweepResult, Withheld, WithheldReason
+from monitor.server import MetricsServer
 from monitor.settings import Settings
 from tests.conftest import tool
-from tests.service import RunningService, fake_config
+from tests.service import RunningService, fake_config, http_get, wait_until
 from tests.test_codec import SNAPSHOT
+
+NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
+DRAWN = page.PictureState.DRAWN
 
 
 class Elements(html.parser.HTMLParser):
@@ -85,6 +92,8 @@ def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path)
     service = RunningService(tmp_path, config)
     try:
         service.wait_for_sweeps("success")
+        # The chart is drawn off the handler threads: the first ask starts it, and it takes a few seconds.
+        wait_until(lambda: service.get("/sweep.svg")[0] == 200, 90, "the sweep's chart")
         dom = Elements()
         dom.feed(browse(service.url + "/", tmp_path / "profile"))
     finally:
@@ -109,7 +118,7 @@ def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
         backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="<script>alert(1)</script>"
     )
     state = ServiceState(latest=dataclasses.replace(SNAPSHOT, withheld=(hostile,)))
-    rendered = page.render(Settings(), state, [], picture=False, now=0.0, version="x")
+    rendered = page.render(Settings(), state, [], picture=NO_PLOT, now=0.0, version="x")
     assert "<script>" not in rendered
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
     assert "pip install 'crossover-monitor[plot]'" in rendered
@@ -120,13 +129,14 @@ def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
     """Where the backend found no GPU, the page says why under the crossovers (escaped), and also without any."""
     reason = "CUDA_VISIBLE_DEVICES='<-1>' hides every GPU from this process: unset it"
     latest = dataclasses.replace(SNAPSHOT, environment=(*SNAPSHOT.environment, (GPU_PROBLEM, reason)))
-    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=False, now=0.0, version="x")
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
     assert "<p id='no-gpu'>No GPU: CUDA_VISIBLE_DEVICES=&#x27;&lt;-1&gt;&#x27; hides every GPU" in rendered
     assert rendered.index("id='crossovers'") < rendered.index("id='no-gpu'")
     alone = dataclasses.replace(latest, crossovers=())
-    assert "id='no-gpu'" in page.render(Settings(), ServiceState(latest=alone), [], picture=False, now=0.0, version="x")
+    alone_page = page.render(Settings(), ServiceState(latest=alone), [], picture=NO_PLOT, now=0.0, version="x")
+    assert "id='no-gpu'" in alone_page
     assert "id='no-gpu'" not in page.render(
-        Settings(), ServiceState(latest=SNAPSHOT), [], picture=False, now=0.0, version="x"
+        Settings(), ServiceState(latest=SNAPSHOT), [], picture=NO_PLOT, now=0.0, version="x"
     )
 
 
@@ -141,29 +151,117 @@ def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
         crossovers=(),
     )
     parsed = Elements()
-    parsed.feed(page.render(Settings(), ServiceState(latest=SNAPSHOT), [run], picture=True, now=0.0, version="x"))
+    parsed.feed(page.render(Settings(), ServiceState(latest=SNAPSHOT), [run], picture=DRAWN, now=0.0, version="x"))
     assert parsed.tables["runs"][1] == ["1970-01-01 00:00:10 UTC", "4.5 s", "retry", "failed", run.reason]
     assert parsed.by_id["sweep"]["src"] == "/sweep.svg"
     outcome = SweepOutcome(result=SweepResult.TIMEOUT, started_at=1.0, finished_at=601.0, reason="deadline passed")
     alone = Elements()
-    alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=False, now=0.0, version="x"))
+    alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=NO_PLOT, now=0.0, version="x"))
     assert alone.tables["runs"][1][2:] == ["sweep", "timeout", "deadline passed"]
+
+
+def _drawn(picture: page.SweepPicture, state: ServiceState) -> page.Picture:
+    looked = picture.look(state)
+    deadline = time.monotonic() + 120
+    while looked.state is page.PictureState.DRAWING and time.monotonic() < deadline:
+        time.sleep(0.05)
+        looked = picture.look(state)
+    return looked
 
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
     picture = page.SweepPicture()
     state = ServiceState(latest=SNAPSHOT)
-    drawn = picture.svg(state)
-    assert drawn is not None
-    assert b"<svg" in drawn
-    assert picture.svg(state) is drawn  # the same sweep: kept, not drawn again
-    assert picture.svg(ServiceState()) is None  # no sweep, no picture
+    drawn = _drawn(picture, state)
+    assert drawn.state is page.PictureState.DRAWN
+    assert drawn.svg is not None
+    assert b"<svg" in drawn.svg
+    assert picture.look(state).svg is drawn.svg  # the same sweep: kept, not drawn again
+    assert picture.look(ServiceState()).state is page.PictureState.NONE  # no sweep, no picture
     # Drawing it leaves matplotlib out of the process that asked (the daemon).
     probe = (
-        "import sys; from monitor.page import SweepPicture; from monitor.model import ServiceState; "
-        "from tests.test_codec import SNAPSHOT; assert SweepPicture().svg(ServiceState(latest=SNAPSHOT)); "
+        "import sys; from monitor import page; from monitor.model import ServiceState; "
+        "from tests.test_codec import SNAPSHOT; from tests.test_page import _drawn; "
+        "assert _drawn(page.SweepPicture(), ServiceState(latest=SNAPSHOT)).svg; "
         "print('matplotlib' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert done.stdout.strip() == "False"
+
+
+class _HeldDrawing:
+    """A drawing that takes as long as the test says (fault injection: a slow or failing chart)."""
+
+    def __init__(self, result: bytes | None = b"<svg/>") -> None:
+        self.release = threading.Event()
+        self.drew: list[float] = []
+        self.result = result
+
+    def __call__(self, latest: Snapshot) -> bytes | None:
+        self.drew.append(latest.finished_at)
+        assert self.release.wait(30)
+        return self.result
+
+
+@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
+def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep_once() -> None:
+    drawing = _HeldDrawing()
+    picture = page.SweepPicture(drawing)
+    state = ServiceState(latest=SNAPSHOT)
+    asked = time.monotonic()
+    assert [picture.look(state).state for _ in range(3)] == [page.PictureState.DRAWING] * 3
+    assert time.monotonic() - asked < 5  # the drawing is held for up to 30 s
+    drawing.release.set()
+    assert _drawn(picture, state) == page.Picture(page.PictureState.DRAWN, b"<svg/>")
+    newer = ServiceState(latest=dataclasses.replace(SNAPSHOT, finished_at=SNAPSHOT.finished_at + 900))
+    assert _drawn(picture, newer).state is page.PictureState.DRAWN
+    assert drawing.drew == [SNAPSHOT.finished_at, SNAPSHOT.finished_at + 900]  # once each
+
+
+@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
+def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep() -> None:
+    drawing = _HeldDrawing(result=None)
+    drawing.release.set()
+    picture = page.SweepPicture(drawing)
+    state = ServiceState(latest=SNAPSHOT)
+    assert _drawn(picture, state).state is page.PictureState.FAILED
+    assert picture.look(state).state is page.PictureState.FAILED
+    assert drawing.drew == [SNAPSHOT.finished_at]
+
+
+def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
+    state = ServiceState(latest=SNAPSHOT)
+    drawing = page.render(Settings(), state, [], picture=page.PictureState.DRAWING, now=0.0, version="x")
+    assert "<meta http-equiv='refresh'" in drawing
+    assert "id='drawing'" in drawing
+    assert "id='sweep'" not in drawing
+    drawn = page.render(Settings(), state, [], picture=page.PictureState.DRAWN, now=0.0, version="x")
+    assert "http-equiv='refresh'" not in drawn
+    failed = page.render(Settings(), state, [], picture=page.PictureState.FAILED, now=0.0, version="x")
+    assert "could not be drawn" in failed
+
+
+@pytest.mark.parametrize(
+    ("looked", "status", "says"),
+    [
+        (page.Picture(page.PictureState.DRAWING), 503, "being drawn"),
+        (page.Picture(page.PictureState.FAILED), 500, "could not be drawn"),
+        (page.Picture(page.PictureState.NONE), 404, "no sweep has completed yet"),
+        (page.Picture(page.PictureState.UNAVAILABLE), 404, "plot extra is not installed"),
+        (page.Picture(page.PictureState.DRAWN, b"<svg/>"), 200, "<svg/>"),
+    ],
+)
+def test_sweep_svg_answers_where_the_picture_stands(looked: page.Picture, status: int, says: str) -> None:
+    registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
+    server = MetricsServer(
+        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), picture=lambda: looked
+    )
+    server.start()
+    host, port = server.address
+    try:
+        answered, _, body = http_get(f"http://{host}:{port}/sweep.svg")
+    finally:
+        server.stop()
+    assert answered == status
+    assert says in body
