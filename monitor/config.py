@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from monitor.errors import ConfigError, Problem
-from monitor.model import DTYPES, MODES, canonical_device
 from monitor.settings import (
     MAX_PORT,
-    MAX_SIZES,
     Bad,
     BenchmarkSettings,
     GuardSettings,
@@ -28,15 +26,8 @@ from monitor.settings import (
     Settings,
     TimingSettings,
     abridged,
-    backend_name,
-    choice,
     converter,
-    device_name,
-    integer,
-    interval_converter,
-    matrix_size,
     show,
-    speedup_factor,
     yaml_key,
 )
 from monitor.yamlfile import YamlFileError, read_document
@@ -123,19 +114,18 @@ class _Reader:
             return default
         result = convert(data[key])
         if isinstance(result, Bad):
-            self.add(path, result.message)
+            for index, message in result.items or ((None, result.message),):
+                self.add(path if index is None else f"{path}[{index}]", message)
             return default
         return result
 
 
-def _read_keys(r: _Reader, section: Mapping[str, Any], cls: type[Any], path: str) -> dict[str, Any]:
-    """Every field of ``cls`` that its Key describes fully, read from ``section`` (its default where absent or bad)."""
-    defaults = cls()
-    return {
-        f.name: r.get(section, k.name, f"{path}.{k.name}", getattr(defaults, f.name), converter(k))
-        for f in dataclasses.fields(cls)
-        if (k := yaml_key(f)) is not None and k.kind != "special"
-    }
+# Keys of earlier releases: say what replaced them rather than "unknown key".
+_REMOVED = {
+    "benchmark.refine.tolerance": "no longer exists: refinement now times sizes spaced by refine.spacing (default 0.2) "
+    "in refine.visits visits each (default 7) instead of bisecting to a tolerance; remove the key",
+}
+Adjust = Callable[["_Reader", Mapping[str, Any], dict[str, Any]], None]
 
 
 def keys_of(cls: type[Any]) -> set[str]:
@@ -143,141 +133,69 @@ def keys_of(cls: type[Any]) -> set[str]:
     return {k.name for f in dataclasses.fields(cls) if (k := yaml_key(f)) is not None}
 
 
-def _read_schedule(r: _Reader, data: Mapping[str, Any]) -> ScheduleSettings:
-    section = r.section(data, "schedule", "schedule")
-    r.reject_unknown(section, keys_of(ScheduleSettings), "schedule")
-    # At least a second (a sweep takes longer than that anyway), at most a year: see its Key.
-    interval = r.get(section, "interval", "schedule.interval", None, interval_converter())
-    cron = section.get("cron")
-    if cron is not None:
-        # Imported here, not at the top: every timing worker imports this module (for the settings
-        # its Plan carries) and needs no scheduler.
-        from monitor.schedule import cron_problem  # noqa: PLC0415
-
-        if not isinstance(cron, str):
-            r.add("schedule.cron", f"must be a crontab string like '*/15 * * * *', got {show(cron)}")
-            cron = None
-        elif (problem := cron_problem(cron)) is not None:
-            r.add("schedule.cron", f"{problem}, got {abridged(cron)}")
-            cron = None
-    if section.get("interval") is not None and section.get("cron") is not None:
-        r.add("schedule", "set either interval or cron, not both")
-    jitter = _read_keys(r, section, ScheduleSettings, "schedule")["jitter_s"]
-    if cron is None and interval is None:
-        interval = ScheduleSettings().interval_s
-    if interval is not None and jitter >= interval:
-        r.add(
-            "schedule.jitter", f"must be shorter than the interval ({interval:g}s), got {abridged(section['jitter'])}"
-        )
-        jitter = 0.0
-    return ScheduleSettings(interval_s=None if cron else interval, cron=cron, jitter_s=jitter)
+def _read_section(
+    r: _Reader, data: Mapping[str, Any], cls: Any, *, nested: tuple[Any, ...] = (), adjust: Adjust | None = None
+) -> Any:
+    """One section, each key by the converter its Key declares, then its rules between keys: every problem
+    recorded against its key path, the default standing in for each bad value."""
+    path: str = cls.SECTION
+    section = r.section(data, path.rsplit(".", 1)[-1], path)
+    for name in [name for name in section if f"{path}.{name}" in _REMOVED]:
+        r.add(f"{path}.{name}", _REMOVED[f"{path}.{name}"])
+        section = {k: v for k, v in section.items() if k != name}
+    inner = {sub.SECTION.rsplit(".", 1)[-1]: sub for sub in nested}
+    r.reject_unknown(section, keys_of(cls) | set(inner), path)
+    values = _read_keys(r, section, cls, path)
+    values.update({name: _read_section(r, section, sub) for name, sub in inner.items()})
+    if adjust is not None:
+        adjust(r, section, values)
+    return _settled(r, cls, values, path)
 
 
-def _read_list(
-    r: _Reader, section: Mapping[str, Any], key: str, default: tuple[T, ...], check: Callable[[Any], T | Bad]
-) -> tuple[T, ...]:
-    path = f"benchmark.{key}"
-    value = section.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, list):
-        r.add(path, f"must be a list, got {show(value)}")
-        return default
-    if not value:
-        r.add(path, "must not be empty")
-        return default
-    if len(value) > MAX_SIZES:
-        r.add(path, f"must have at most {MAX_SIZES} entries, got {len(value)}")
-        return default
-    items: list[T] = []
-    seen: set[T] = set()
-    for index, item in enumerate(value):
-        result = check(item)
-        if isinstance(result, Bad):
-            r.add(f"{path}[{index}]", result.message)
-        elif result in seen:  # a set: a list's `in` made 65,536 sizes take 21 s
-            r.add(f"{path}[{index}]", f"duplicate value {abridged(item)}")
+def _read_keys(r: _Reader, section: Mapping[str, Any], cls: type[Any], path: str) -> dict[str, Any]:
+    """Every key of ``cls`` with a converter, read from ``section`` (its default where absent, null or bad)."""
+    defaults = cls()
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        k = yaml_key(f)
+        if k is None or (k.kind == "special" and k.convert is None):
+            continue
+        if k.auto and section.get(k.name) == "auto":
+            values[f.name] = None
         else:
-            seen.add(result)
-            items.append(result)
-    return tuple(items) if len(items) == len(value) else default
+            values[f.name] = r.get(section, k.name, f"{path}.{k.name}", getattr(defaults, f.name), converter(k))
+    return values
 
 
-def _read_timing(r: _Reader, bench: Mapping[str, Any]) -> TimingSettings:
-    section = r.section(bench, "timing", "benchmark.timing")
-    r.reject_unknown(section, keys_of(TimingSettings), "benchmark.timing")
-    values = _read_keys(r, section, TimingSettings, "benchmark.timing")
-    if values["max_blocks"] < values["min_blocks"]:
-        r.add(
-            "benchmark.timing.max_blocks",
-            f"must be at least min_blocks ({values['min_blocks']}), got {values['max_blocks']}",
-        )
-        del values["max_blocks"], values["min_blocks"]  # the defaults stand in while the problem is reported
-    return TimingSettings(**values)
+def _settled(r: _Reader, cls: Any, values: dict[str, Any], path: str) -> Any:
+    """``cls`` built from ``values`` once every rule between its keys they break is recorded, defaults standing in."""
+    defaults = cls()
+    conflicts = cls.conflicts(values)
+    for conflict in conflicts:
+        r.add(f"{path}.{conflict.key}" if conflict.key else path, conflict.message)
+    for _ in values:  # a default put in may break another rule, already reported: put in its defaults too
+        if not conflicts:
+            break
+        values.update({name: getattr(defaults, name) for c in conflicts for name in c.fields})
+        conflicts = cls.conflicts(values)
+    return cls(**values)
 
 
-def _read_refine(r: _Reader, bench: Mapping[str, Any]) -> RefineSettings:
-    section = r.section(bench, "refine", "benchmark.refine")
-    if "tolerance" in section:  # a key of earlier releases: say what replaced it rather than "unknown key"
-        r.add(
-            "benchmark.refine.tolerance",
-            "no longer exists: refinement now times sizes spaced by refine.spacing (default 0.2) in "
-            "refine.visits visits each (default 7) instead of bisecting to a tolerance; remove the key",
-        )
-        section = {k: v for k, v in section.items() if k != "tolerance"}
-    r.reject_unknown(section, keys_of(RefineSettings), "benchmark.refine")
-    return RefineSettings(**_read_keys(r, section, RefineSettings, "benchmark.refine"))
+def _schedule_by_cron(r: _Reader, section: Mapping[str, Any], values: dict[str, Any]) -> None:
+    """A cron line the scheduler can use replaces the default interval (a given interval stays: not both)."""
+    cron = values["cron"]
+    if cron is None:
+        return
+    # Imported here, not at the top: every timing worker imports this module (for the settings
+    # its Plan carries) and needs no scheduler.
+    from monitor.schedule import cron_problem  # noqa: PLC0415
 
-
-def _read_benchmark(r: _Reader, data: Mapping[str, Any]) -> BenchmarkSettings:
-    bench = r.section(data, "benchmark", "benchmark")
-    r.reject_unknown(bench, keys_of(BenchmarkSettings) | {"timing", "refine"}, "benchmark")
-    d = BenchmarkSettings()
-
-    backend = r.get(bench, "backend", "benchmark.backend", d.backend, backend_name)
-
-    devices: tuple[str, ...] | None = None
-    raw_devices = bench.get("devices", "auto")
-    if raw_devices != "auto" and raw_devices is not None:
-        if isinstance(raw_devices, str):
-            r.add("benchmark.devices", f"must be 'auto' or a list of device names, got {abridged(raw_devices)}")
-        else:
-            devices = _read_list(r, bench, "devices", (), device_name) or None
-            seen: dict[str, str] = {}
-            for index, name in enumerate(devices or ()):
-                if canonical_device(name) in seen:
-                    r.add(
-                        f"benchmark.devices[{index}]",
-                        f"{abridged(name)} is the same device as {abridged(seen[canonical_device(name)])}",
-                    )
-                seen.setdefault(canonical_device(name), name)
-            if devices is not None and len(seen) < len(devices):
-                devices = None  # the default stands in while the problem is reported
-
-    cpu_threads: int | None = None
-    if bench.get("cpu_threads", "auto") not in ("auto", None):
-        cpu_threads = r.get(bench, "cpu_threads", "benchmark.cpu_threads", None, integer(1))
-
-    return BenchmarkSettings(
-        backend=backend,
-        devices=devices,
-        sizes=tuple(sorted(_read_list(r, bench, "sizes", d.sizes, matrix_size))),
-        dtypes=_read_list(r, bench, "dtypes", d.dtypes, choice(DTYPES, "dtype")),
-        modes=_read_list(r, bench, "modes", d.modes, choice(MODES, "mode")),  # type: ignore[arg-type]
-        cpu_threads=cpu_threads,
-        timing=_read_timing(r, bench),
-        refine=_read_refine(r, bench),
-        **_read_keys(r, bench, BenchmarkSettings, "benchmark"),  # timeout, tf32, expect_gpus
-        skip_cpu_above_speedup=r.get(
-            bench, "skip_cpu_above_speedup", "benchmark.skip_cpu_above_speedup", None, speedup_factor
-        ),
-    )
-
-
-def _read_guard(r: _Reader, data: Mapping[str, Any]) -> GuardSettings:
-    section = r.section(data, "guard", "guard")
-    r.reject_unknown(section, keys_of(GuardSettings), "guard")
-    return GuardSettings(**_read_keys(r, section, GuardSettings, "guard"))
+    problem = cron_problem(cron)
+    if problem is not None:
+        r.add("schedule.cron", f"{problem}, got {abridged(cron)}")
+        values["cron"] = None
+    elif section.get("interval") is None:
+        values["interval_s"] = None
 
 
 def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
@@ -292,19 +210,6 @@ def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
     return ServerSettings(host=parsed[0], port=parsed[1])
 
 
-def _read_history(r: _Reader, data: Mapping[str, Any]) -> HistorySettings:
-    section = r.section(data, "history", "history")
-    r.reject_unknown(section, keys_of(HistorySettings), "history")
-    directory = r.get(section, "directory", "history.directory", None, _directory)
-    return HistorySettings(directory=directory, **_read_keys(r, section, HistorySettings, "history"))
-
-
-def _directory(value: Any) -> str | Bad:
-    if isinstance(value, str) and value.strip():
-        return value
-    return Bad(f"must be a directory path, got {abridged(value)}")
-
-
 def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     """Validate an already-parsed document; raises ConfigError listing every problem."""
     problems: list[Problem] = []
@@ -315,11 +220,11 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     r = _Reader(problems)
     r.reject_unknown(data, {"schedule", "benchmark", "guard", "server", "history"}, "")
     settings = Settings(
-        schedule=_read_schedule(r, data),
-        benchmark=_read_benchmark(r, data),
-        guard=_read_guard(r, data),
+        schedule=_read_section(r, data, ScheduleSettings, adjust=_schedule_by_cron),
+        benchmark=_read_section(r, data, BenchmarkSettings, nested=(TimingSettings, RefineSettings)),
+        guard=_read_section(r, data, GuardSettings),
         server=_read_server(r, data),
-        history=_read_history(r, data),
+        history=_read_section(r, data, HistorySettings),
         source=source,
     )
     if problems:

@@ -14,11 +14,12 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from monitor.settings import Bad, cron_line
+
 log = logging.getLogger(__name__)
 
 _JOB_ID = "sweep"
 _RETRY_JOB_ID = "retry"
-_CRONTAB_FIELDS = 5
 _SUNDAY_AS_SEVEN = 7  # crontab accepts 7 for Sunday as well as 0
 # A cron expression that fires less than once in this long is almost certainly a mistake.
 _CRON_HORIZON = dt.timedelta(days=366 * 5)
@@ -26,10 +27,10 @@ _CRON_HORIZON = dt.timedelta(days=366 * 5)
 
 def cron_trigger(expression: str, jitter_s: float = 0.0) -> CronTrigger:
     """A UTC trigger for a standard 5-field crontab line; raises ValueError when it is malformed."""
-    fields = expression.split()
-    if len(fields) != _CRONTAB_FIELDS:
-        raise ValueError(f"expected 5 fields (minute hour day month weekday), got {len(fields)}")
-    minute, hour, day, month, day_of_week = fields
+    line = cron_line(expression)
+    if isinstance(line, Bad):
+        raise ValueError(line.message)  # noqa: TRY004 - a malformed line, whatever its type
+    minute, hour, day, month, day_of_week = line.split()
     if day not in ("*", "?") and day_of_week not in ("*", "?"):
         # crontab fires when either matches; APScheduler only when both do: refuse the ambiguity
         raise ValueError("restrict the day of month or the weekday, not both")

@@ -38,7 +38,7 @@ def _property(k: Key, default: Any) -> dict[str, Any]:
     else:  # durations: the text form cannot carry bounds, so the description does
         body = {"$ref": "#/definitions/duration"}
     description = k.help
-    if k.kind in ("duration", "positive_duration") or k.name == "interval":
+    if k.kind in ("duration", "positive_duration"):
         top = k.maximum if k.maximum is not None else DAY_S
         least = f"at least {span(low)}, " if low else ""
         description += f" ({least}at most {span(top)})"

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from monitor.model import BACKENDS, DTYPES, MODES, Mode, canonical_device
 
@@ -35,6 +35,15 @@ class Bad:
     """A converter's verdict that a value is invalid, with the message to report."""
 
     message: str
+    items: tuple[tuple[int, str], ...] = ()  # a list's wrong entries, (index, message); message is the first's
+
+
+class Conflict(NamedTuple):
+    """A rule between keys of one section that the values break."""
+
+    key: str  # the YAML key to name; "" names the section
+    message: str
+    fields: tuple[str, ...]  # the fields whose defaults stand in while the problem is reported
 
 
 def parse_duration(value: object) -> float | None:
@@ -122,7 +131,9 @@ def boolean(value: Any) -> bool | Bad:
 
 
 def converter(k: Key) -> Callable[[Any], Any]:
-    """The converter a key's kind and bounds call for (special keys are read by hand)."""
+    """The converter a key's kind and bounds call for, or the one a special key declares."""
+    if k.convert is not None:
+        return k.convert
     low = k.minimum if k.minimum is not None else 0
     if k.kind == "integer":
         return integer(int(low), int(k.maximum) if k.maximum is not None else MAX_COUNT)
@@ -189,6 +200,73 @@ def backend_name(value: Any) -> str | Bad:
     )
 
 
+def listed(
+    check: Callable[[Any], Any],
+    *,
+    ascending: bool = False,
+    same: Callable[[Any], Any] | None = None,
+    noun: str = "",
+    shape: str = "a list",
+) -> Callable[[Any], Any]:
+    """A list of entries each ``check`` accepts: not empty, at most MAX_SIZES of them, each once.
+
+    ``same`` says which entries name one thing (two names of a ``noun``: '/GPU:0' and 'gpu:0');
+    ``ascending`` returns them sorted; ``shape`` is what a value that is no list is told to be.
+    The YAML list and the tuple a value holds are read alike.
+    """
+
+    def convert(value: Any) -> tuple[Any, ...] | Bad:
+        if not isinstance(value, (list, tuple)):
+            return Bad(f"must be {shape}, got {show(value)}")
+        if not value:
+            return Bad("must not be empty")
+        if len(value) > MAX_SIZES:
+            return Bad(f"must have at most {MAX_SIZES} entries, got {len(value)}")
+        entries: list[Any] = []
+        problems: list[tuple[int, str]] = []
+        first: dict[Any, Any] = {}  # a dict: a list's `in` made 65,536 sizes take 21 s
+        for index, item in enumerate(value):
+            entry = check(item)
+            if isinstance(entry, Bad):
+                problems.append((index, entry.message))
+                continue
+            identity = same(entry) if same else entry
+            if identity not in first:
+                first[identity] = entry
+                entries.append(entry)
+            elif first[identity] == entry:
+                problems.append((index, f"duplicate value {abridged(item)}"))
+            else:
+                problems.append((index, f"{abridged(item)} is the same {noun} as {abridged(first[identity])}"))
+        if problems:
+            return Bad(problems[0][1], items=tuple(problems))
+        return tuple(sorted(entries)) if ascending else tuple(entries)
+
+    return convert
+
+
+# Five whitespace-separated fields; what each may hold is APScheduler's to say (monitor/schedule.py).
+CRON_PATTERN = r"^\s*\S+(\s+\S+){4}\s*$"
+
+
+def cron_line(value: Any) -> str | Bad:
+    """A crontab line of five fields (minute hour day month weekday); what they mean is checked by the scheduler."""
+    if not isinstance(value, str):
+        return Bad(f"must be a crontab string like '*/15 * * * *', got {show(value)}")
+    if re.fullmatch(CRON_PATTERN, value) is None:
+        return Bad(
+            f"is not a valid 5-field crontab expression (minute hour day month weekday, got {len(value.split())}), "
+            f"got {abridged(value)}"
+        )
+    return value
+
+
+def directory_path(value: Any) -> str | Bad:
+    if isinstance(value, str) and value.strip():
+        return value
+    return Bad(f"must be a directory path, got {abridged(value)}")
+
+
 KeyKind = Literal["integer", "number", "fraction", "duration", "positive_duration", "boolean", "special"]
 
 
@@ -208,6 +286,8 @@ class Key:
     maximum: float | None = None
     schema: Mapping[str, Any] | None = None  # for special keys
     auto: bool = False  # the field holds None for the YAML value "auto"
+    nullable: bool = False  # None is a value the field may hold (off, or another key in use); auto implies it
+    convert: Callable[[Any], Any] | None = None  # a special key's converter (without one it is read by hand)
 
 
 def key(name: str, kind: KeyKind, help_text: str, **bounds: Any) -> dict[str, Key]:
@@ -220,21 +300,38 @@ def yaml_key(f: dataclasses.Field[Any]) -> Key | None:
 
 
 def _check(instance: Any) -> None:
-    """Every field against its Key; a ValueError naming the key for the first that does not hold."""
+    """Every field against its Key, then the section's rules between keys; a ValueError naming the key
+    for the first that does not hold (the same converters and rules as the YAML reader's, so the same words)."""
+    values = {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}
     for f in dataclasses.fields(instance):
         k = yaml_key(f)
-        if k is not None and k.kind != "special":
-            value = getattr(instance, f.name)
-            if k.kind != "boolean" and (isinstance(value, bool) or not isinstance(value, int | float)):
-                raise TypeError(f"{k.name}: must be a number (seconds for a duration), got {abridged(value)}")
-            verdict = converter(k)(value)
-            if isinstance(verdict, Bad):
-                raise ValueError(f"{k.name}: {verdict.message}")
+        value = values[f.name]
+        if k is None or (k.kind == "special" and k.convert is None) or (value is None and (k.nullable or k.auto)):
+            continue
+        if k.kind not in ("boolean", "special") and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise TypeError(f"{k.name}: must be a number (seconds for a duration), got {abridged(value)}")
+        verdict = converter(k)(value)
+        if isinstance(verdict, Bad):
+            where = f"{k.name}[{verdict.items[0][0]}]" if verdict.items else k.name
+            raise ValueError(f"{where}: {verdict.message}")  # noqa: TRY004 - a broken rule: the codec names the field
+        if isinstance(value, tuple) and verdict != value:  # only an ascending list changes a tuple
+            raise ValueError(f"{k.name}: must be in ascending order")
+    for conflict in type(instance).conflicts(values):
+        raise ValueError(f"{conflict.key or type(instance).SECTION}: {conflict.message}")
 
 
-def _holds(name: str, verdict: object) -> None:
-    if isinstance(verdict, Bad):  # a broken rule is a ValueError whatever the type: the codec names the field
-        raise ValueError(f"{name}: {verdict.message}")  # noqa: TRY004
+class _Section:
+    """What every settings section has: its place in the file and its rules between keys."""
+
+    SECTION: ClassVar[str]
+
+    @staticmethod
+    def conflicts(values: Mapping[str, Any]) -> list[Conflict]:  # noqa: ARG004 - most sections have none
+        """The rules between keys that ``values`` (field name to value, each valid alone) break."""
+        return []
+
+    def __post_init__(self) -> None:
+        _check(self)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -243,16 +340,18 @@ def _require(condition: bool, message: str) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ScheduleSettings:
-    interval_s: float | None = field(
+class ScheduleSettings(_Section):
+    SECTION: ClassVar[str] = "schedule"
+
+    interval_s: float | None = field(  # None: the cron line says when
         default=900.0,
         metadata=key(
             "interval",
-            "special",
+            "positive_duration",
             "time between sweeps (or use cron, not both)",
             minimum=1,
             maximum=366 * DAY_S,
-            schema={"$ref": "#/definitions/duration"},
+            nullable=True,
         ),
     )
     cron: str | None = field(
@@ -261,7 +360,9 @@ class ScheduleSettings:
             "cron",
             "special",
             "5-field crontab in UTC; weekday 0 and 7 are Sunday; restrict day of month or weekday, not both",
-            schema={"type": "string", "pattern": r"^\s*\S+(\s+\S+){4}\s*$"},
+            schema={"type": "string", "pattern": CRON_PATTERN},
+            convert=cron_line,
+            nullable=True,
         ),
     )
     jitter_s: float = field(
@@ -271,28 +372,25 @@ class ScheduleSettings:
         ),
     )
 
-    def __post_init__(self) -> None:
-        _check(self)
-        _require(self.interval_s is None or self.cron is None, "schedule: set either interval or cron, not both")
-        _require(self.interval_s is not None or self.cron is not None, "schedule: set an interval or a cron")
-        if self.interval_s is not None:
-            _holds("interval", interval_converter()(self.interval_s))
-            _require(self.jitter_s < self.interval_s, "jitter: must be shorter than the interval")
-        if self.cron is not None:
-            _require(len(self.cron.split()) == 5, "cron: must have 5 fields")  # noqa: PLR2004 - minute … weekday
-
-
-def interval_converter() -> Callable[[Any], float | Bad]:
-    """schedule.interval's converter, from the bounds its Key declares."""
-    k = yaml_key(next(f for f in dataclasses.fields(ScheduleSettings) if f.name == "interval_s"))
-    if k is None or k.minimum is None or k.maximum is None:
-        raise TypeError("schedule.interval declares its bounds")
-    return duration(positive=True, minimum=k.minimum, maximum=k.maximum)
+    @staticmethod
+    def conflicts(values: Mapping[str, Any]) -> list[Conflict]:
+        interval, cron, jitter = values["interval_s"], values["cron"], values["jitter_s"]
+        found = []
+        if interval is not None and cron is not None:
+            found.append(Conflict("", "set either interval or cron, not both", ("interval_s", "cron")))
+        if interval is None and cron is None:
+            found.append(Conflict("", "set an interval or a cron", ("interval_s",)))
+        if interval is not None and jitter >= interval:
+            message = f"must be shorter than the interval ({interval:g}s), got {jitter:g}s"
+            found.append(Conflict("jitter", message, ("jitter_s",)))
+        return found
 
 
 @dataclass(frozen=True, kw_only=True)
-class TimingSettings:
+class TimingSettings(_Section):
     """How hard the timing loop tries for each point."""
+
+    SECTION: ClassVar[str] = "benchmark.timing"
 
     # At least one: it also waits out operand creation, which the GPU does asynchronously.
     warmup_calls: int = field(
@@ -315,14 +413,21 @@ class TimingSettings:
         default=5.0, metadata=key("size_budget", "positive_duration", "stop repeating a point after this long")
     )
 
-    def __post_init__(self) -> None:
-        _check(self)
-        _require(self.max_blocks >= self.min_blocks, "max_blocks: must be at least min_blocks")
+    @staticmethod
+    def conflicts(values: Mapping[str, Any]) -> list[Conflict]:
+        least, most = values["min_blocks"], values["max_blocks"]
+        if most >= least:
+            return []
+        return [
+            Conflict("max_blocks", f"must be at least min_blocks ({least}), got {most}", ("max_blocks", "min_blocks"))
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
-class RefineSettings:
+class RefineSettings(_Section):
     """Sizes added around each crossover, each timed in several visits: where n* lies, and how well it is known."""
+
+    SECTION: ClassVar[str] = "benchmark.refine"
 
     enabled: bool = field(
         default=True, metadata=key("enabled", "boolean", "time sizes around each crossover in several visits")
@@ -347,15 +452,14 @@ class RefineSettings:
         default=60.0, metadata=key("budget", "positive_duration", "at most this much extra time per sweep")
     )
 
-    def __post_init__(self) -> None:
-        _check(self)
-
 
 _LISTED = {"type": "array", "minItems": 1, "uniqueItems": True}
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchmarkSettings:
+class BenchmarkSettings(_Section):
+    SECTION: ClassVar[str] = "benchmark"
+
     backend: str = field(
         default="tensorflow",
         metadata=key(
@@ -363,6 +467,7 @@ class BenchmarkSettings:
             "special",
             "tensorflow, torch, jax, or a plugin 'package.module:attribute'",
             schema={"anyOf": [{"enum": list(BACKENDS)}, {"type": "string", "pattern": PLUGIN_BACKEND.pattern}]},
+            convert=backend_name,
         ),
     )
     devices: tuple[str, ...] | None = field(  # None: "auto", the CPU and every visible GPU
@@ -373,6 +478,7 @@ class BenchmarkSettings:
             "auto = the CPU and every visible GPU; or a list of framework device names",
             schema={"anyOf": [{"const": "auto"}, {**_LISTED, "items": {"type": "string", "minLength": 1}}]},
             auto=True,
+            convert=listed(device_name, same=canonical_device, noun="device", shape="'auto' or a list of device names"),
         ),
     )
     sizes: tuple[int, ...] = field(
@@ -386,11 +492,18 @@ class BenchmarkSettings:
                 "maxItems": MAX_SIZES,
                 "items": {"type": "integer", "minimum": 1, "maximum": MAX_SIZE},
             },
+            convert=listed(matrix_size, ascending=True),
         ),
     )
     dtypes: tuple[str, ...] = field(
         default=("float32",),
-        metadata=key("dtypes", "special", "element types", schema={**_LISTED, "items": {"enum": list(DTYPES)}}),
+        metadata=key(
+            "dtypes",
+            "special",
+            "element types",
+            schema={**_LISTED, "items": {"enum": list(DTYPES)}},
+            convert=listed(choice(DTYPES, "dtype")),
+        ),
     )
     modes: tuple[Mode, ...] = field(
         default=("compute", "end_to_end"),
@@ -399,6 +512,7 @@ class BenchmarkSettings:
             "special",
             "compute: operands on the device; end_to_end: copied in and out every call",
             schema={**_LISTED, "items": {"enum": list(MODES)}},
+            convert=listed(choice(MODES, "mode")),
         ),
     )
     timeout_s: float = field(default=600.0, metadata=key("timeout", "positive_duration", "deadline for a whole sweep"))
@@ -411,6 +525,7 @@ class BenchmarkSettings:
             "framework CPU threads; auto = the usable cores, less one from four cores on",
             schema={"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}]},
             auto=True,
+            convert=integer(1),
         ),
     )
     timing: TimingSettings = field(default_factory=TimingSettings)
@@ -423,38 +538,19 @@ class BenchmarkSettings:
             "special",
             "stop timing the CPU once every GPU beat it by this factor at two sizes in a row",
             schema={"anyOf": [{"type": "null"}, {"type": "number", "exclusiveMinimum": 1}]},
+            convert=speedup_factor,
+            nullable=True,
         ),
     )
     # GPUs this machine must have: fewer found is a failure (driver gone), not a quiet CPU-only sweep.
     expect_gpus: int = field(default=0, metadata=key("expect_gpus", "integer", "GPUs the machine must have", minimum=0))
 
-    def __post_init__(self) -> None:
-        _check(self)
-        # The reader's own converters, so a value built in code meets the same rules with the same words.
-        _holds("backend", backend_name(self.backend))
-        for name, values, convert in (
-            ("devices", self.devices or (), device_name),
-            ("sizes", self.sizes, matrix_size),
-            ("dtypes", self.dtypes, choice(DTYPES, "dtype")),
-            ("modes", self.modes, choice(MODES, "mode")),
-        ):
-            _require(name == "devices" or bool(values), f"{name}: must not be empty")
-            for index, value in enumerate(values):
-                _holds(f"{name}[{index}]", convert(value))
-            unique = len(set(values)) == len(values)
-            _require(len(values) <= MAX_SIZES and unique, f"{name}: at most {MAX_SIZES} entries, each once")
-        _require(list(self.sizes) == sorted(self.sizes), "sizes: must be in ascending order")
-        names = [canonical_device(d) for d in self.devices or ()]
-        _require(len(set(names)) == len(names), "devices: two names for one device")
-        if self.cpu_threads is not None:
-            _holds("cpu_threads", integer(1)(self.cpu_threads))
-        if self.skip_cpu_above_speedup is not None:
-            _holds("skip_cpu_above_speedup", speedup_factor(self.skip_cpu_above_speedup))
-
 
 @dataclass(frozen=True, kw_only=True)
-class GuardSettings:
+class GuardSettings(_Section):
     """The interference guard: what counts as another program using a GPU or the CPU's cores."""
+
+    SECTION: ClassVar[str] = "guard"
 
     enabled: bool = field(default=True, metadata=key("enabled", "boolean", "the interference guard"))
     # Without NVML the guard cannot see other programs on a GPU: then the GPU is not timed.
@@ -509,9 +605,6 @@ class GuardSettings:
         ),
     )
 
-    def __post_init__(self) -> None:
-        _check(self)
-
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
@@ -532,8 +625,10 @@ STATE_DIRECTORY_ENV = "STATE_DIRECTORY"
 
 
 @dataclass(frozen=True, kw_only=True)
-class HistorySettings:
+class HistorySettings(_Section):
     """The run history: every sweep in SQLite, and the served results read back after a restart."""
+
+    SECTION: ClassVar[str] = "history"
 
     directory: str | None = field(
         default=None,
@@ -542,16 +637,14 @@ class HistorySettings:
             "special",
             f"where the history lives; null: ${STATE_DIRECTORY_ENV} (systemd's StateDirectory=), else no history",
             schema={"type": "string", "minLength": 1},
+            convert=directory_path,
+            nullable=True,
         ),
     )
     keep_runs: int = field(
         default=10000,
         metadata=key("keep_runs", "integer", "runs kept; older ones are deleted", minimum=1, maximum=10_000_000),
     )
-
-    def __post_init__(self) -> None:
-        _check(self)
-        _require(self.directory is None or bool(self.directory.strip()), "history.directory: must not be empty")
 
     def resolved_directory(self, environ: Mapping[str, str]) -> str | None:
         """The directory in use: the configured one, else systemd's state directory, else none."""
