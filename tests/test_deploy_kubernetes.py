@@ -16,7 +16,7 @@ import yaml
 
 from monitor import __version__
 from monitor.cli import _parser
-from monitor.daemon import STOP_WAIT_S
+from monitor.coordinator import STOP_WAIT_S
 from monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO
 from tests.promql import DASHBOARD, RULES, SCRAPE_EXAMPLE, promtool

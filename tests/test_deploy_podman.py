@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.daemon import STOP_WAIT_S
+from monitor.coordinator import STOP_WAIT_S
 from tests.conftest import free_port
 from tests.realdeploy import WORKER_RUNNING, podman
 from tests.service import find, http_get, parse, wait_until

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from monitor.cli import _parser
-from monitor.daemon import STOP_WAIT_S
+from monitor.coordinator import STOP_WAIT_S
 from monitor.errors import EXIT_CONFIG
 from tests.conftest import REPO
 

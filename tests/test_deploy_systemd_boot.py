@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from monitor.daemon import STOP_WAIT_S
+from monitor.coordinator import STOP_WAIT_S
 from monitor.errors import EXIT_CONFIG
 from tests.conftest import free_port
 from tests.realdeploy import UNIT_NAME, WORKER_RUNNING, Machine, config_text

@@ -10,29 +10,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.contract import BackendOptions
 from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
 from monitor.bench.podresources import PodResourcesUnavailable
 from monitor.bench.runner import run_plan
-from monitor.carry import merge
 from monitor.model import (
     CrossoverState,
     DeviceInfo,
     HardwareContext,
     Measurement,
-    Mode,
-    RetryResult,
     SweepOutcome,
     SweepResult,
     Withheld,
@@ -40,102 +35,20 @@ from monitor.model import (
 )
 from monitor.protocol import Message, Plan
 from monitor.settings import GuardSettings
-from monitor.state import StateStore
-from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
-from tests.conftest import free_port, make_plan
-from tests.fakes import SPIN_FOR_A_MINUTE, CurveBackend
-
-OWN_PID = 1000
-IDLE = GpuSample(processes=(GpuProcess(pid=OWN_PID),), utilization_pct=0.0, sm_clock_hz=1.98e9)
-JOB = GpuProcess(pid=4242, name="train.py")
-
-
-class FakeProbe:
-    """A fake NVML: ``script(look_number)`` says what the GPU looks like at each look."""
-
-    def __init__(self, script: Callable[[int], GpuSample]) -> None:
-        self.script = script
-        self.looks = 0
-
-    def sample(self, device: DeviceInfo) -> GpuSample:
-        self.looks += 1
-        return self.script(self.looks)
-
-    def identity(self, device: DeviceInfo) -> dict[str, str]:
-        return {"uuid": f"GPU-fake-{device.device}", "pci_bus_id": "00000000:18:00.0"}
-
-
-class FailingProbe:
-    def sample(self, device: DeviceInfo) -> GpuSample:
-        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
-
-    def identity(self, device: DeviceInfo) -> dict[str, str]:
-        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
-
-
-class CountingBackend(CurveBackend):
-    """The known curves, counting the blocks run on each device."""
-
-    def __init__(self, options: BackendOptions) -> None:
-        super().__init__(options)
-        self.blocks: dict[str, int] = {}
-
-    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
-        run = super().prepare(device, size, dtype, mode)
-
-        def counted(calls: int) -> object:
-            self.blocks[device.device] = self.blocks.get(device.device, 0) + 1
-            return run(calls)
-
-        return counted
-
-
-class FakeHost:
-    """Other processes' load and the worker's own wait for a CPU, per timed window, from lists (the last repeats)."""
-
-    def __init__(
-        self,
-        loads: list[float],
-        cores: int = 4,
-        waits: list[float | None] | None = None,
-        throttled: list[float] | None = None,
-    ) -> None:
-        self.loads = loads
-        self.waits = waits or [0.0]
-        self.throttled = throttled or [0.0]
-        self.windows = 0
-        self._cores = cores
-
-    def cores(self) -> int:
-        return self._cores
-
-    def start(self) -> object:
-        return None
-
-    def stop(self, started: object) -> HostLoad:
-        load = self.loads[min(self.windows, len(self.loads) - 1)]
-        wait = self.waits[min(self.windows, len(self.waits) - 1)]
-        throttled = self.throttled[min(self.windows, len(self.throttled) - 1)]
-        self.windows += 1
-        return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait)
-
-
-def _guard(
-    probe: GpuProbe | None,
-    host: FakeHost | None = None,
-    pods: Callable[[str], list[str]] | None = None,
-    **settings: Any,
-) -> Guard:
-    sleeps: list[float] = []
-    return Guard(
-        GuardSettings(**settings),
-        gpu_probe=probe,
-        gpu_probe_problem="nvidia-ml-py is not installed",
-        host=host,
-        own_pid=OWN_PID,
-        sleep=sleeps.append,
-        pods=pods,
-    )
+from monitor.sweep import run_sweep
+from tests.conftest import make_plan
+from tests.fakes import SPIN_FOR_A_MINUTE
+from tests.guardfakes import (
+    IDLE,
+    JOB,
+    OWN_PID,
+    CountingBackend,
+    FailingProbe,
+    FakeHost,
+    FakeProbe,
+    fake_guard,
+    sweep_with,
+)
 
 
 def _run(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
@@ -164,7 +77,7 @@ def _timed(messages: list[Message], device: str) -> list[Measurement]:
 def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
     """A job already on the GPU: not one block runs there, and the reason names its process."""
     probe = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), JOB)))
-    backend, messages = _run(_guard(probe))
+    backend, messages = _run(fake_guard(probe))
     (withheld,) = _withheld(messages)
     assert withheld.device == "/GPU:0"
     assert withheld.reason is WithheldReason.GPU_BUSY
@@ -176,7 +89,7 @@ def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
 def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
     """Utilisation above gpu_max_utilization before the worker used the GPU means someone else is."""
     probe = FakeProbe(lambda _: dataclasses.replace(IDLE, utilization_pct=87.0))
-    backend, messages = _run(_guard(probe, gpu_max_utilization_pct=10))
+    backend, messages = _run(fake_guard(probe, gpu_max_utilization_pct=10))
     (withheld,) = _withheld(messages)
     assert "87% utilisation" in withheld.detail
     assert "/GPU:0" not in backend.blocks
@@ -185,7 +98,7 @@ def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
 def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
     """Once the worker has timed the GPU, utilisation is its own and is not held against it."""
     probe = FakeProbe(lambda look: dataclasses.replace(IDLE, utilization_pct=0.0 if look == 1 else 100.0))
-    _, messages = _run(_guard(probe))
+    _, messages = _run(fake_guard(probe))
     assert not _withheld(messages)
     assert _timed(messages, "/GPU:0")
 
@@ -194,7 +107,7 @@ def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
     """A job that starts on a GPU mid-sweep: that GPU busy, and nothing more is timed at all (the CPU yields)."""
     # Looks alternate before/after each point: the job shows up at the look after the third point.
     probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = _run(_guard(probe))
+    _, messages = _run(fake_guard(probe))
     gpu, cpu = _withheld(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
     assert "while it was timed" in gpu.detail
@@ -207,50 +120,9 @@ def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
     assert cpu_points == 3  # sizes 16, 32, 64 before the job; none after it
 
 
-class _ThreadWorker:
-    """The real runner on a thread, behind the Worker protocol the sweep reads."""
-
-    def __init__(self, plan: Plan, guard: Guard) -> None:
-        self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
-        backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
-
-        def work() -> None:
-            from monitor.protocol import Done  # noqa: PLC0415
-
-            run_plan(plan, backend, self._messages.put, time.perf_counter, guard)
-            self._messages.put(Done())
-            self._messages.put(END_OF_STREAM)
-
-        self._thread = threading.Thread(target=work, daemon=True)
-        self._thread.start()
-
-    def next_message(self, timeout: float) -> Message | EndOfStream | None:
-        try:
-            return self._messages.get(timeout=timeout)
-        except queue.Empty:
-            return None
-
-    def stop(self) -> int | None:
-        return 0
-
-    def exit_status(self, timeout: float) -> int | None:
-        self._thread.join(timeout)
-        return 0
-
-    def diagnostics(self) -> str:
-        return ""
-
-
-def _sweep(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, SweepOutcome]:
-    plan = plan or make_plan("tests.fakes:curve", modes=("compute",))
-    guard = _guard(FakeProbe(script))
-    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: _ThreadWorker(p, guard))
-    return outcome.result, outcome
-
-
 def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> None:
     """Points timed before the job appeared are dropped too; the crossover says withheld, not a number."""
-    _, outcome = _sweep(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
+    _, outcome = sweep_with(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
     snapshot = outcome.snapshot
     assert snapshot is not None
     assert outcome.result is SweepResult.SUCCESS  # busy is not a failure
@@ -262,89 +134,17 @@ def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> 
 
 def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
     """A job that was there before the sweep began is no reason to stop: the CPU and other GPUs go on."""
-    _, outcome = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    _, outcome = sweep_with(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
     snapshot = outcome.snapshot
     assert snapshot is not None
     assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
     assert snapshot.withheld_devices == {"/GPU:0"}
 
 
-def test_a_busy_gpu_keeps_its_last_good_timings_with_their_age() -> None:
-    """The served snapshot carries the GPU's previous timings, crossover and measurement time over."""
-    store = StateStore()
-    _, good = _sweep(lambda _: IDLE)
-    store.record(good)
-    first = store.read().latest
-    assert first is not None
-    _, busy = _sweep(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
-    store.record(busy)
-    served = store.read().latest
-    assert served is not None
-    gpu_then = {m.key.size: m.timing.median_s for m in first.measurements if m.key.device == "/GPU:0"}
-    gpu_now = {m.key.size: m.timing.median_s for m in served.measurements if m.key.device == "/GPU:0"}
-    assert gpu_now == gpu_then
-    assert dict(served.measured_at)["/GPU:0"] == dict(first.measured_at)["/GPU:0"]
-    assert dict(served.measured_at)["/CPU:0"] > dict(first.measured_at)["/CPU:0"]
-    (crossover,) = served.crossovers
-    assert crossover.state is CrossoverState.FOUND
-    assert crossover.derived_at == first.finished_at
-    assert served.withheld_devices == {"/GPU:0"}
-
-
-def test_a_retry_that_measures_the_gpu_replaces_what_was_carried() -> None:
-    """A retry of only the busy GPU (and the CPU) is laid over the served snapshot; nothing stays withheld."""
-    store = StateStore()
-    for script in (lambda _: IDLE, lambda _: dataclasses.replace(IDLE, processes=(JOB,))):
-        store.record(_sweep(script)[1])
-    before = store.read().latest
-    assert before is not None
-    _, retry = _sweep(lambda _: IDLE, make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:0")))
-    assert store.record_retry(retry).value == "measured"
-    served = store.read().latest
-    assert served is not None
-    assert not served.withheld
-    assert dict(served.measured_at)["/GPU:0"] > dict(before.measured_at)["/GPU:0"]
-    assert dict(store.read().retries)[store.record_retry(retry)] >= 1
-
-
-def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_again_counts_busy() -> None:
-    """Every core taken passes like a job does: the GPU is tried again; the CPU alone is not (it has no retries)."""
-    _, outcome = _sweep(lambda _: IDLE)
-    snapshot = outcome.snapshot
-    assert snapshot is not None
-    contended = [
-        Withheld(backend="fake", device=d, reason=WithheldReason.CPU_CONTENDED, detail="every core taken")
-        for d in ("/GPU:0", "/CPU:0")
-    ]
-    assert dataclasses.replace(snapshot, withheld=tuple(contended)).gpus_to_retry == ("/GPU:0",)
-    assert dataclasses.replace(snapshot, withheld=(contended[1],)).gpus_to_retry == ()
-    store = StateStore()
-    store.record(outcome)
-    retry = dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, withheld=(contended[0],)))
-    assert store.record_retry(retry) is RetryResult.BUSY
-
-
-def test_merge_drops_a_device_that_failed() -> None:
-    """A device that failed in the new sweep is never carried over: its series go."""
-    _, good = _sweep(lambda _: IDLE)
-    snapshot = good.snapshot
-    assert snapshot is not None
-    from monitor.model import DeviceFailure  # noqa: PLC0415
-
-    failed = dataclasses.replace(
-        snapshot,
-        measurements=tuple(m for m in snapshot.measurements if m.key.device != "/GPU:0"),
-        failures=(DeviceFailure(backend="fake", device="/GPU:0", reason="lost"),),
-        withheld=(),
-    )
-    served = merge(snapshot, failed)
-    assert {m.key.device for m in served.measurements} == {"/CPU:0"}
-
-
 @pytest.mark.parametrize("probe", [None, FailingProbe()], ids=["nvml-missing", "nvml-failing"])
 def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: GpuProbe | None) -> None:
     """NVML missing or failing: a clear state and reason, never a crash and never an unguarded timing."""
-    backend, messages = _run(_guard(probe))
+    backend, messages = _run(fake_guard(probe))
     (withheld,) = _withheld(messages)
     assert withheld.reason is WithheldReason.UNGUARDED
     assert "guard.require_nvml: false" in withheld.detail
@@ -353,7 +153,7 @@ def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: G
 
 def test_require_nvml_false_times_gpus_unguarded() -> None:
     """The operator's explicit choice: without NVML the GPU is timed anyway."""
-    _, messages = _run(_guard(None, require_nvml=False))
+    _, messages = _run(fake_guard(None, require_nvml=False))
     assert not _withheld(messages)
     assert _timed(messages, "/GPU:0")
 
@@ -362,9 +162,9 @@ def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> Non
     """NVML's host PIDs are not in a container's /proc: one hidden process is the worker's, a second is a job."""
     own = GpuProcess(pid=77001, visible=False)
     job = GpuProcess(pid=77002, visible=False)
-    _, alone = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
+    _, alone = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
     assert not _withheld(alone)
-    _, shared = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
+    _, shared = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
     assert _withheld(shared)
 
 
@@ -383,19 +183,19 @@ def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None
     def busy() -> FakeProbe:
         return FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))
 
-    (withheld, *_) = _withheld(_run(_guard(busy(), pods=pods))[1])
+    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=pods))[1])
     assert withheld.detail.endswith("; allocated to pod ml/train-7")
     assert asked[0] == "GPU-fake-/GPU:0"
-    (withheld, *_) = _withheld(_run(_guard(busy(), pods=kubelet_down))[1])
+    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=kubelet_down))[1])
     assert withheld.detail.endswith(
         "; which pod holds it is unknown (the kubelet's pod-resources API at /x.sock: StatusCode.UNAVAILABLE)"
     )
-    (withheld, *_) = _withheld(_run(_guard(busy(), pods=lambda _: []))[1])
+    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=lambda _: []))[1])
     assert withheld.detail.endswith(
         "; no pod's allocation names GPU-fake-/GPU:0 (a process outside the device plugin's, or MIG or index ids)"
     )
     # Not under Kubernetes: the detail is as before, with no word of pods.
-    (withheld, *_) = _withheld(_run(_guard(busy()))[1])
+    (withheld, *_) = _withheld(_run(fake_guard(busy()))[1])
     assert "pod" not in withheld.detail
 
 
@@ -403,7 +203,7 @@ def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
     """Where the worker finds itself, a process hidden from its /proc (systemd ProtectProc) is another program."""
     hidden_job = GpuProcess(pid=77002, visible=False)
     _, messages = _run(
-        _guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
+        fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
     )
     assert _withheld(messages)
 
@@ -424,7 +224,7 @@ def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -
             pcie_width_max=16,
         )
 
-    _, messages = _run(_guard(FakeProbe(script)))
+    _, messages = _run(fake_guard(FakeProbe(script)))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.sm_clock_min_hz == 1.2e9
     assert gpu.clock_events == ("sw_thermal_slowdown",)
@@ -440,7 +240,7 @@ def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
         return dataclasses.replace(IDLE, power_limited_s=held, read_at_s=float(look))  # each point lasts 1 s
 
     probe = FakeProbe(script)
-    _, messages = _run(_guard(probe))
+    _, messages = _run(fake_guard(probe))
     gpu = _hardware(messages, "/GPU:0")
     points = probe.looks // 2  # a look before and one after each point
     assert points >= 2
@@ -457,7 +257,7 @@ def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> N
             raise GuardUnavailable("NVML_ERROR_UNKNOWN (injected)")
         return dataclasses.replace(IDLE, power_limited_s=totals.get(look, 5.0), read_at_s=float(look))
 
-    _, messages = _run(_guard(FakeProbe(script), require_nvml=False))
+    _, messages = _run(fake_guard(FakeProbe(script), require_nvml=False))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.power_limited_ratio == 0.0  # the points from look 4 on ran clean; looks 1 and 4 never paired
 
@@ -465,7 +265,7 @@ def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> N
 def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
     """Others used a core the worker's threads needed, in the first try and the retry: withheld."""
     host = FakeHost([1.0], cores=4)
-    guard = _guard(FakeProbe(lambda _: IDLE), host)
+    guard = fake_guard(FakeProbe(lambda _: IDLE), host)
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     runs: list[int] = []
     verdict = guard.time_cpu_point(device, 4, lambda: runs.append(1))
@@ -477,7 +277,7 @@ def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
 
 def test_cpu_point_disturbed_once_stands_after_its_retry() -> None:
     """A burst that passed: the retry was clean, so the point stands."""
-    guard = _guard(None, FakeHost([1.0, 0.0]))
+    guard = fake_guard(None, FakeHost([1.0, 0.0]))
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     assert guard.time_cpu_point(device, 4, lambda: None) is None
     assert CPU_RETRY_PAUSE_S > 0
@@ -485,7 +285,7 @@ def test_cpu_point_disturbed_once_stands_after_its_retry() -> None:
 
 def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     """With 2 threads on 4 cores, another process on one core disturbs nothing."""
-    guard = _guard(None, FakeHost([1.2], cores=4))
+    guard = fake_guard(None, FakeHost([1.2], cores=4))
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     assert guard.time_cpu_point(device, 2, lambda: None) is None
 
@@ -493,7 +293,7 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
 def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
     """Its time includes the wait: timed again once, then withheld as cpu_contended; the CPU goes on."""
     host = FakeHost([0.0], waits=[0.3])
-    backend, messages = _run(_guard(FakeProbe(lambda _: IDLE), host))
+    backend, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), host))
     (gpu,) = _withheld(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.CPU_CONTENDED)
     assert "waited for a CPU 30.0% of the time its point ran" in gpu.detail
@@ -506,25 +306,25 @@ def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
 def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_no_reason() -> None:
     """A burst that passed: the retry was clean. A kernel without schedstat: nothing to go on, nothing withheld."""
     # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), CPU n=2, GPU n=2 (1%), then clean.
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0])))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0])))
     assert not _withheld(messages)
     assert len(_timed(messages, "/GPU:0")) == 5
     assert _hardware(messages, "/GPU:0").host_wait_ratio == 0.01  # the most over the tries that count
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
     assert not _withheld(messages)
     assert _hardware(messages, "/GPU:0").host_wait_ratio is None  # unknown, not 0
 
 
 def test_quota_throttling_of_every_try_is_counted_and_a_throttled_point_timed_again() -> None:
     """Throttled 0.5 s of its first second: timed again (0.01 s, under 2%), and both tries' throttling is kept."""
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
     assert not _withheld(messages)
     assert _hardware(messages, "/CPU:0").cpu_throttled_s == pytest.approx(0.51)
 
 
 def test_without_nvml_a_gpu_publishes_its_host_wait_and_nothing_else() -> None:
     """require_nvml off and no NVML: the GPU's context holds the schedstat wait; NVML's fields stay unknown, not 0."""
-    _, messages = _run(_guard(None, FakeHost([0.0], waits=[0.0, 0.01]), require_nvml=False))
+    _, messages = _run(fake_guard(None, FakeHost([0.0], waits=[0.0, 0.01]), require_nvml=False))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.host_wait_ratio == 0.01
     assert gpu.other_processes_max is None
@@ -535,7 +335,7 @@ def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:
     """Both at once at a GPU point: the job's arrival decides (busy, the rest yielded), not the host's load."""
     probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
     host = FakeHost([0.0], waits=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3])  # the third GPU point's windows waited
-    _, messages = _run(_guard(probe, host))
+    _, messages = _run(fake_guard(probe, host))
     gpu, cpu = _withheld(messages)
     assert (gpu.reason, cpu.reason) == (WithheldReason.GPU_BUSY, WithheldReason.YIELDED)
 
@@ -596,11 +396,11 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
             return dataclasses.replace(load, steal_cores=load.other_cores / 2)
 
     # Windows alternate CPU point, GPU point (n = 1, then each size); a GPU point's window counts for no CPU figure.
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
     # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 
@@ -645,48 +445,6 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
     assert os.cpu_count()
 
 
-@pytest.mark.slow
-def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
-    """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
-    from monitor.config import settings_from_mapping  # noqa: PLC0415
-    from monitor.daemon import Service  # noqa: PLC0415
-
-    busy = dataclasses.replace(IDLE, processes=(JOB,))
-    launches: list[Plan] = []
-
-    def launch(plan: Plan) -> _ThreadWorker:
-        launches.append(plan)
-        script = (lambda _: busy) if len(launches) == 1 else (lambda _: IDLE)  # the job ends before the retry
-        return _ThreadWorker(plan, _guard(FakeProbe(script)))
-
-    settings = settings_from_mapping(
-        {
-            "schedule": {"interval": "1h"},
-            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
-            "guard": {"retry_interval": "10s"},  # the shortest allowed
-            "server": {"listen": f"127.0.0.1:{free_port()}"},
-        }
-    )
-    service = Service(settings, launch=launch)
-    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
-            time.sleep(0.1)
-        state = service.read_state()
-    finally:
-        service.stop()
-        thread.join(10)
-    assert dict(state.retries)[RetryResult.MEASURED] == 1
-    assert launches[1].bench.devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
-    assert launches[1].bench.expect_gpus == 0  # it names some GPUs only: the others are not missing
-    assert state.latest is not None
-    assert not state.latest.withheld
-    assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
-    assert state.count(SweepResult.SUCCESS) == 1  # a retry is not counted as a sweep
-
-
 @pytest.mark.parametrize(
     ("memory_mib", "sm_pct", "busy"),
     [(500, 0.0, False), (4096, 0.0, True), (500, 30.0, True), (500, None, True), (None, 0.0, True)],
@@ -702,7 +460,7 @@ def test_only_an_idle_small_context_of_another_program_is_ignored(
         sm_utilization_pct=sm_pct,
     )
     _, messages = _run(
-        _guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
+        fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
     )
     assert bool(_withheld(messages)) is busy
 
@@ -725,7 +483,7 @@ def test_nvml_index_follows_cuda_visible_devices() -> None:
 def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
     """A retry looks at the GPUs first: all still busy, so not even the CPU is timed (no load on the node)."""
     plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
-    backend, messages = _run(_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))), plan)
+    backend, messages = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))), plan)
     assert _withheld(messages)
     assert backend.blocks == {}
 
@@ -736,7 +494,7 @@ def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that
     own = GpuProcess(pid=77001, visible=False, used_memory_bytes=500 * 2**20)
     job = GpuProcess(pid=77002, visible=False, used_memory_bytes=20 * 2**30, sm_utilization_pct=95.0)
     probe = FakeProbe(lambda look: dataclasses.replace(IDLE, processes=(job,) if look == 1 else (own, job)))
-    _, messages = _run(_guard(probe))
+    _, messages = _run(fake_guard(probe))
     (withheld,) = _withheld(messages)
     assert (withheld.device, withheld.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
     assert not _timed(messages, "/GPU:0")
@@ -747,7 +505,7 @@ def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
     """A retry whose GPU turns out busy after its first point times no further CPU point."""
     plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
     probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = _run(_guard(probe), plan)
+    _, messages = _run(fake_guard(probe), plan)
     assert _withheld(messages)
     assert len(_timed(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
 
@@ -759,7 +517,7 @@ def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
     plan = dataclasses.replace(
         make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:7")), retry=True
     )
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE)), plan)
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE)), plan)
     (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failure.device == "/GPU:7"
     assert not failure.fatal
@@ -767,12 +525,12 @@ def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
 
 def test_the_driver_names_each_gpu_for_other_exporters_and_a_lost_nvml_names_none() -> None:
     """NVML's UUID and PCI bus id go into the GPU's details (the CPU gets none); without NVML, nothing is made up."""
-    _, messages = _run(_guard(FakeProbe(lambda _: IDLE)))
+    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE)))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert devices["/GPU:0"]["uuid"] == "GPU-fake-/GPU:0"
     assert devices["/GPU:0"]["pci_bus_id"] == "00000000:18:00.0"
     assert "uuid" not in devices["/CPU:0"]
-    _, messages = _run(_guard(FailingProbe()))
+    _, messages = _run(fake_guard(FailingProbe()))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert "uuid" not in devices["/GPU:0"]
     assert "pci_bus_id" not in devices["/GPU:0"]

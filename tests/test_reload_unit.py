@@ -86,10 +86,10 @@ def test_a_manual_sweep_refuses_others_until_it_has_ended() -> None:
         entered.set()
         release.wait(10)
 
-    service._sweep = slow_sweep  # type: ignore[method-assign]
+    service._sweeps._sweep = slow_sweep  # type: ignore[method-assign]
     try:
         assert service.request_sweep()[0] is True  # accepted; the scheduler is not started, so run it by hand
-        job = threading.Thread(target=service._manual_sweep)
+        job = threading.Thread(target=service._sweeps._manual_sweep)
         job.start()
         assert entered.wait(5)
         assert service.request_sweep()[0] is False  # the manual sweep has not ended

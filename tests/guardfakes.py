@@ -1,0 +1,157 @@
+"""Fakes for the interference guard's tests: a scripted NVML, a scripted host meter, and the real runner on a thread.
+
+``FakeProbe`` answers per look as its script says; ``sweep_with`` runs a whole sweep (the real runner
+and sweep) against it, for the guard's tests and for those of what the service does with a withheld
+device (carry-over, retries).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.guard import GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.runner import run_plan
+from monitor.model import DeviceInfo, Mode, SweepOutcome, SweepResult
+from monitor.protocol import Message, Plan
+from monitor.settings import GuardSettings
+from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
+from tests.conftest import make_plan
+from tests.fakes import CurveBackend
+
+OWN_PID = 1000
+IDLE = GpuSample(processes=(GpuProcess(pid=OWN_PID),), utilization_pct=0.0, sm_clock_hz=1.98e9)
+JOB = GpuProcess(pid=4242, name="train.py")
+
+
+class FakeProbe:
+    """A fake NVML: ``script(look_number)`` says what the GPU looks like at each look."""
+
+    def __init__(self, script: Callable[[int], GpuSample]) -> None:
+        self.script = script
+        self.looks = 0
+
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        self.looks += 1
+        return self.script(self.looks)
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        return {"uuid": f"GPU-fake-{device.device}", "pci_bus_id": "00000000:18:00.0"}
+
+
+class FailingProbe:
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
+
+
+class CountingBackend(CurveBackend):
+    """The known curves, counting the blocks run on each device."""
+
+    def __init__(self, options: BackendOptions) -> None:
+        super().__init__(options)
+        self.blocks: dict[str, int] = {}
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        run = super().prepare(device, size, dtype, mode)
+
+        def counted(calls: int) -> object:
+            self.blocks[device.device] = self.blocks.get(device.device, 0) + 1
+            return run(calls)
+
+        return counted
+
+
+class FakeHost:
+    """Other processes' load and the worker's own wait for a CPU, per timed window, from lists (the last repeats)."""
+
+    def __init__(
+        self,
+        loads: list[float],
+        cores: int = 4,
+        waits: list[float | None] | None = None,
+        throttled: list[float] | None = None,
+    ) -> None:
+        self.loads = loads
+        self.waits = waits or [0.0]
+        self.throttled = throttled or [0.0]
+        self.windows = 0
+        self._cores = cores
+
+    def cores(self) -> int:
+        return self._cores
+
+    def start(self) -> object:
+        return None
+
+    def stop(self, started: object) -> HostLoad:
+        load = self.loads[min(self.windows, len(self.loads) - 1)]
+        wait = self.waits[min(self.windows, len(self.waits) - 1)]
+        throttled = self.throttled[min(self.windows, len(self.throttled) - 1)]
+        self.windows += 1
+        return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait)
+
+
+def fake_guard(
+    probe: GpuProbe | None,
+    host: FakeHost | None = None,
+    pods: Callable[[str], list[str]] | None = None,
+    **settings: Any,
+) -> Guard:
+    sleeps: list[float] = []
+    return Guard(
+        GuardSettings(**settings),
+        gpu_probe=probe,
+        gpu_probe_problem="nvidia-ml-py is not installed",
+        host=host,
+        own_pid=OWN_PID,
+        sleep=sleeps.append,
+        pods=pods,
+    )
+
+
+class ThreadWorker:
+    """The real runner on a thread, behind the Worker protocol the sweep reads."""
+
+    def __init__(self, plan: Plan, guard: Guard) -> None:
+        self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
+        backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+
+        def work() -> None:
+            from monitor.protocol import Done  # noqa: PLC0415
+
+            run_plan(plan, backend, self._messages.put, time.perf_counter, guard)
+            self._messages.put(Done())
+            self._messages.put(END_OF_STREAM)
+
+        self._thread = threading.Thread(target=work, daemon=True)
+        self._thread.start()
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        try:
+            return self._messages.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self) -> int | None:
+        return 0
+
+    def exit_status(self, timeout: float) -> int | None:
+        self._thread.join(timeout)
+        return 0
+
+    def diagnostics(self) -> str:
+        return ""
+
+
+def sweep_with(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, SweepOutcome]:
+    plan = plan or make_plan("tests.fakes:curve", modes=("compute",))
+    guard = fake_guard(FakeProbe(script))
+    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
+    return outcome.result, outcome

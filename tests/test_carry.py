@@ -1,0 +1,68 @@
+"""What is served when a sweep withholds a device: its last good timings carried over, a retry laid over them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from monitor.carry import merge
+from monitor.model import CrossoverState
+from monitor.state import StateStore
+from tests.conftest import make_plan
+from tests.guardfakes import IDLE, JOB, sweep_with
+
+
+def test_a_busy_gpu_keeps_its_last_good_timings_with_their_age() -> None:
+    """The served snapshot carries the GPU's previous timings, crossover and measurement time over."""
+    store = StateStore()
+    _, good = sweep_with(lambda _: IDLE)
+    store.record(good)
+    first = store.read().latest
+    assert first is not None
+    _, busy = sweep_with(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    store.record(busy)
+    served = store.read().latest
+    assert served is not None
+    gpu_then = {m.key.size: m.timing.median_s for m in first.measurements if m.key.device == "/GPU:0"}
+    gpu_now = {m.key.size: m.timing.median_s for m in served.measurements if m.key.device == "/GPU:0"}
+    assert gpu_now == gpu_then
+    assert dict(served.measured_at)["/GPU:0"] == dict(first.measured_at)["/GPU:0"]
+    assert dict(served.measured_at)["/CPU:0"] > dict(first.measured_at)["/CPU:0"]
+    (crossover,) = served.crossovers
+    assert crossover.state is CrossoverState.FOUND
+    assert crossover.derived_at == first.finished_at
+    assert served.withheld_devices == {"/GPU:0"}
+
+
+def test_a_retry_that_measures_the_gpu_replaces_what_was_carried() -> None:
+    """A retry of only the busy GPU (and the CPU) is laid over the served snapshot; nothing stays withheld."""
+    store = StateStore()
+    for script in (lambda _: IDLE, lambda _: dataclasses.replace(IDLE, processes=(JOB,))):
+        store.record(sweep_with(script)[1])
+    before = store.read().latest
+    assert before is not None
+    _, retry = sweep_with(
+        lambda _: IDLE, make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:0"))
+    )
+    assert store.record_retry(retry).value == "measured"
+    served = store.read().latest
+    assert served is not None
+    assert not served.withheld
+    assert dict(served.measured_at)["/GPU:0"] > dict(before.measured_at)["/GPU:0"]
+    assert dict(store.read().retries)[store.record_retry(retry)] >= 1
+
+
+def test_merge_drops_a_device_that_failed() -> None:
+    """A device that failed in the new sweep is never carried over: its series go."""
+    _, good = sweep_with(lambda _: IDLE)
+    snapshot = good.snapshot
+    assert snapshot is not None
+    from monitor.model import DeviceFailure  # noqa: PLC0415
+
+    failed = dataclasses.replace(
+        snapshot,
+        measurements=tuple(m for m in snapshot.measurements if m.key.device != "/GPU:0"),
+        failures=(DeviceFailure(backend="fake", device="/GPU:0", reason="lost"),),
+        withheld=(),
+    )
+    served = merge(snapshot, failed)
+    assert {m.key.device for m in served.measurements} == {"/CPU:0"}

@@ -1,0 +1,56 @@
+"""The sweep coordinator in the running service: busy GPUs retried between sweeps."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+
+from monitor.model import RetryResult, SweepResult
+from monitor.protocol import Plan
+from tests.conftest import free_port
+from tests.guardfakes import IDLE, JOB, FakeProbe, ThreadWorker, fake_guard
+
+
+@pytest.mark.slow
+def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
+    """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
+    from monitor.config import settings_from_mapping  # noqa: PLC0415
+    from monitor.daemon import Service  # noqa: PLC0415
+
+    busy = dataclasses.replace(IDLE, processes=(JOB,))
+    launches: list[Plan] = []
+
+    def launch(plan: Plan) -> ThreadWorker:
+        launches.append(plan)
+        script = (lambda _: busy) if len(launches) == 1 else (lambda _: IDLE)  # the job ends before the retry
+        return ThreadWorker(plan, fake_guard(FakeProbe(script)))
+
+    settings = settings_from_mapping(
+        {
+            "schedule": {"interval": "1h"},
+            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
+            "guard": {"retry_interval": "10s"},  # the shortest allowed
+            "server": {"listen": f"127.0.0.1:{free_port()}"},
+        }
+    )
+    service = Service(settings, launch=launch)
+    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
+            time.sleep(0.1)
+        state = service.read_state()
+    finally:
+        service.stop()
+        thread.join(10)
+    assert dict(state.retries)[RetryResult.MEASURED] == 1
+    assert launches[1].bench.devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
+    assert launches[1].bench.expect_gpus == 0  # it names some GPUs only: the others are not missing
+    assert state.latest is not None
+    assert not state.latest.withheld
+    assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
+    assert state.count(SweepResult.SUCCESS) == 1  # a retry is not counted as a sweep
