@@ -101,6 +101,24 @@ def at(outcome: SweepOutcome, started: float) -> SweepOutcome:
     return dataclasses.replace(outcome, started_at=started, finished_at=finished, snapshot=moved)
 
 
+def recorded_at(outcome: SweepOutcome, started: float) -> SweepOutcome:
+    """The recorded sweep as if it ran at ``started``, its crossovers as it published them (the code of then).
+
+    Only the times move: the crossovers the sweep derived (all but the withheld ones, which serve no time)
+    take the time it ends at here, as ``at`` gives them, so that the same sweep drawn twice in a row reads
+    as two sweeps, not as one carried over, in the drift windows' counts and in the coverage.
+    """
+    snapshot = outcome.snapshot
+    assert snapshot is not None  # recorded sweeps completed
+    finished = started + (outcome.finished_at - outcome.started_at)
+    retimed = tuple(
+        c if c.state is CrossoverState.WITHHELD else dataclasses.replace(c, derived_at=finished)
+        for c in snapshot.crossovers
+    )
+    moved = dataclasses.replace(snapshot, started_at=started, finished_at=finished, crossovers=retimed)
+    return dataclasses.replace(outcome, started_at=started, finished_at=finished, snapshot=moved)
+
+
 def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
     """A planted change with a known answer: every size times ``factor``, so the curves, noise and all,
     move along log n and every n* moves by exactly that factor (sizes rounded to integers).
@@ -120,15 +138,17 @@ def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
 def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False) -> list[Served]:
     """What the service serves after each of the sweeps, run one every 15 minutes from START.
 
-    ``as_recorded``: the crossovers each sweep published when it ran, as they were (the code of then).
+    ``as_recorded``: the crossovers each sweep published when it ran, as they were (the code of then),
+    but derived at the time the sweep is replayed at.
     """
     store = StateStore()
     served: list[Served] = []
     for index, outcome in enumerate(drawn):
+        started = START + index * SWEEP_S
         if as_recorded:
-            latest = outcome.snapshot
+            latest = recorded_at(outcome, started).snapshot
         else:
-            store.record(at(outcome, START + index * SWEEP_S))
+            store.record(at(outcome, started))
             latest = store.read().latest
         served.append(
             {}

@@ -48,21 +48,34 @@ def test_there_are_rule_unit_tests() -> None:
 
 
 @functools.cache
-def _unit_test_runs() -> dict[Path, subprocess.CompletedProcess[str]]:
+def _unit_test_runs() -> dict[Path, subprocess.CompletedProcess[str] | Exception]:
     """promtool on every unit-test file, as many at once as there are cores (the largest first).
 
     One promtool per file, so that each gets promtool's whole timeout and a failure names its file;
     run side by side, since each is one single-threaded process and the window tests take most of a minute.
+    A run that raised (promtool missing, past its timeout) keeps its exception as that file's result, so
+    that the runs are still made once and each file's test fails with its own.
     """
     files = sorted(_unit_test_files(), key=lambda path: path.stat().st_size, reverse=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return dict(zip(files, pool.map(lambda path: promtool("test", "rules", path), files), strict=True))
+        runs = {path: pool.submit(promtool, "test", "rules", path) for path in files}
+    return {path: _result(run) for path, run in runs.items()}
+
+
+def _result(
+    run: concurrent.futures.Future[subprocess.CompletedProcess[str]],
+) -> subprocess.CompletedProcess[str] | Exception:
+    """What a finished run gave: promtool's result, or the exception it raised (anything else propagates)."""
+    error = run.exception()
+    return error if isinstance(error, Exception) else run.result()
 
 
 @pytest.mark.parametrize("path", _unit_test_files(), ids=lambda path: path.name)
 def test_rule_unit_tests_pass_underpromtool(path: Path) -> None:
     """`promtool test rules` passes the unit tests of each file in tests/prometheus."""
     result = _unit_test_runs()[path]
+    if isinstance(result, Exception):
+        raise result
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == 1, result.stdout
 

@@ -85,3 +85,24 @@ def test_the_shared_fixtures_replayed_through_todays_code_raise_no_false_alert()
         found = replay.replay(sweeps, [], runs=2, days=4, plant_day=None)
         for mode, row in found["per_mode"].items():
             assert row["false_onsets"] == [0, 0], (mode, row)
+
+
+def test_the_same_recorded_sweep_drawn_twice_as_recorded_serves_two_fresh_crossovers() -> None:
+    """--as-recorded keeps each sweep's published n* and interval but gives them the time the sweep is replayed at.
+
+    As the default path does: drawn twice in a row, the second is a fresh n* (the drift windows count it, the
+    coverage judges it), not the first carried over with its recorded time.
+    """
+    (sweep, *_) = replay.load([str(TORCH)])
+    assert sweep.snapshot is not None
+    recorded = {c.key: c for c in sweep.snapshot.crossovers}
+    first, second = replay.served_sequence([sweep, sweep], as_recorded=True)
+    today = replay.served_sequence([sweep, sweep])
+    assert first.keys() == second.keys() == recorded.keys()
+    for key, served in first.items():
+        assert served[:3] == second[key][:3] == (recorded[key].size, recorded[key].ci_lower, recorded[key].ci_upper)
+        assert served.derived_at == replay.START + (sweep.finished_at - sweep.started_at)
+        assert second[key].derived_at == served.derived_at + replay.SWEEP_S
+        assert [s[key].derived_at for s in today] == [served.derived_at, second[key].derived_at]
+    for mode in {key[4] for key in recorded}:
+        assert replay.coverage([first, second], mode)[1] == 1, mode
