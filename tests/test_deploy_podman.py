@@ -23,7 +23,7 @@ from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOP_LINE = "INFO    monitor.daemon: sweep stopped: the service is stopping"
+STOP_LINE = "INFO    monitor.coordinator: sweep stopped: the service is stopping"
 UID_GID = "10001:10001"
 
 Start = Callable[..., tuple[str, int]]

@@ -20,7 +20,7 @@ from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOP_LINE = "INFO    monitor.daemon: sweep stopped: the service is stopping"
+STOP_LINE = "INFO    monitor.coordinator: sweep stopped: the service is stopping"
 # systemd's dynamic users come from this range (systemd's docs/UIDS-GIDS.md).
 DYNAMIC_UIDS = range(61184, 65520)
 
