@@ -15,6 +15,7 @@ from pathlib import Path
 
 from monitor import __version__
 from monitor.config import load_settings, with_listen
+from monitor.convert import DAY_S, parse_duration
 from monitor.errors import (
     EXIT_CONFIG,
     EXIT_FAILURE,
@@ -29,7 +30,7 @@ from monitor.model import SweepResult
 from monitor.nodecheck import Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
-from monitor.settings import DAY_S, Settings, parse_duration
+from monitor.settings import Settings
 
 log = logging.getLogger("monitor")
 

@@ -17,8 +17,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
+from monitor.text import abridged
+
 T = TypeVar("T")
-_SHOWN = 60
 
 
 class DecodeError(ValueError):
@@ -52,11 +53,6 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
-
-
 def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR0911, PLR0912 - one case per kind of annotation
     origin = get_origin(annotation)
     if annotation is Any:
@@ -71,15 +67,17 @@ def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR091
                 return _decode(option, data, path)
             except DecodeError as exc:
                 errors.append(exc)
-        raise errors[0] if len(errors) == 1 else DecodeError(path, f"unexpected value {_show(data)}")
+        raise errors[0] if len(errors) == 1 else DecodeError(path, f"unexpected value {abridged(data)}")
     if origin is Literal:
         if data not in get_args(annotation):
-            raise DecodeError(path, f"expected one of {', '.join(map(repr, get_args(annotation)))}, got {_show(data)}")
+            raise DecodeError(
+                path, f"expected one of {', '.join(map(repr, get_args(annotation)))}, got {abridged(data)}"
+            )
         return data
     if origin is tuple:
         args = get_args(annotation)
         if not isinstance(data, list | tuple):
-            raise DecodeError(path, f"expected a list, got {_show(data)}")
+            raise DecodeError(path, f"expected a list, got {abridged(data)}")
         if len(args) == 2 and args[1] is Ellipsis:  # noqa: PLR2004 - tuple[X, ...]
             return tuple(_decode(args[0], item, f"{path}[{i}]") for i, item in enumerate(data))
         if len(args) != len(data):
@@ -88,14 +86,14 @@ def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR091
     if origin is dict:
         key_type, value_type = get_args(annotation)
         if not isinstance(data, dict):
-            raise DecodeError(path, f"expected an object, got {_show(data)}")
+            raise DecodeError(path, f"expected an object, got {abridged(data)}")
         return {_decode(key_type, k, path): _decode(value_type, v, f"{path}.{k}") for k, v in data.items()}
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         try:
             return annotation(data)
         except ValueError:
             choices = ", ".join(repr(m.value) for m in annotation)
-            raise DecodeError(path, f"expected one of {choices}, got {_show(data)}") from None
+            raise DecodeError(path, f"expected one of {choices}, got {abridged(data)}") from None
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return _decode_dataclass(annotation, data, path)
     return _decode_scalar(annotation, data, path)
@@ -105,28 +103,28 @@ def _decode_scalar(annotation: Any, data: Any, path: str) -> Any:
     if annotation is bool:
         if isinstance(data, bool):
             return data
-        raise DecodeError(path, f"expected true or false, got {_show(data)}")
+        raise DecodeError(path, f"expected true or false, got {abridged(data)}")
     if annotation is int:
         if isinstance(data, int) and not isinstance(data, bool):
             return data
-        raise DecodeError(path, f"expected an integer, got {_show(data)}")
+        raise DecodeError(path, f"expected an integer, got {abridged(data)}")
     if annotation is float:
         try:
             if isinstance(data, int | float) and not isinstance(data, bool) and math.isfinite(data):
                 return float(data)
         except OverflowError:  # an integer beyond any float
             pass
-        raise DecodeError(path, f"expected a finite number, got {_show(data)}")
+        raise DecodeError(path, f"expected a finite number, got {abridged(data)}")
     if annotation is str:
         if isinstance(data, str):
             return data
-        raise DecodeError(path, f"expected a string, got {_show(data)}")
+        raise DecodeError(path, f"expected a string, got {abridged(data)}")
     raise DecodeError(path, f"cannot decode a {annotation!r}")
 
 
 def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
     if not isinstance(data, dict):
-        raise DecodeError(path, f"expected an object, got {_show(data)}")
+        raise DecodeError(path, f"expected an object, got {abridged(data)}")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))

@@ -7,71 +7,15 @@ key's converter comes from the Key its settings field declares.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from monitor.convert import Bad, listen_address
 from monitor.errors import ConfigError, Problem
-from monitor.settings import (
-    MAX_PORT,
-    Bad,
-    BenchmarkSettings,
-    GuardSettings,
-    HistorySettings,
-    RefineSettings,
-    ScheduleSettings,
-    ServerSettings,
-    Settings,
-    TimingSettings,
-    abridged,
-    converter,
-    show,
-    yaml_key,
-)
+from monitor.settings import ScheduleSettings, Section, ServerSettings, Settings, sections, yaml_key
+from monitor.text import abridged, show
 from monitor.yamlfile import YamlFileError, read_document
-
-_HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
-_MAX_HOST_NAME = 253
-
-
-def parse_listen(value: object) -> tuple[str, int] | Bad:
-    """``(host, port)`` from ``HOST:PORT``, ``[V6]:PORT`` or ``:PORT``, or what is wrong with it."""
-    if not isinstance(value, str):
-        return Bad(f"must be a string HOST:PORT, got {abridged(value)}")
-    match = re.fullmatch(r"\[([^\]]+)\]:([0-9]{1,5})|([^:\[\]]*):([0-9]{1,5})", value.strip())
-    if match is None:
-        return Bad(f"must be HOST:PORT or :PORT (an IPv6 address in brackets: [ADDR]:PORT), got {abridged(value)}")
-    # ":PORT" is every interface, as Prometheus exporters read --web.listen-address.
-    host = match.group(1) or match.group(3) or ServerSettings.host
-    port = int(match.group(2) or match.group(4))
-    if not 1 <= port <= MAX_PORT:
-        return Bad(f"port must be between 1 and {MAX_PORT}, got {port} in {abridged(value)}")
-    problem = _host_problem(host, bracketed=match.group(1) is not None)
-    return Bad(f"{problem} in {abridged(value)}") if problem else (host, port)
-
-
-def _host_problem(host: str, *, bracketed: bool) -> str | None:
-    if bracketed:  # brackets hold an IPv6 address and nothing else
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            return f"only an IPv6 address goes in brackets, got {abridged(host)}"
-        return None
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not _is_host_name(host):
-            return f"{abridged(host)} is neither an IP address nor a valid host name"
-    return None
-
-
-def _is_host_name(host: str) -> bool:
-    """RFC 1123 host name, label by label (one regular expression over the whole name backtracks exponentially)."""
-    labels = host.removesuffix(".").split(".")
-    return len(host) <= _MAX_HOST_NAME and all(_HOST_LABEL.fullmatch(label) for label in labels)
-
 
 T = TypeVar("T")
 
@@ -133,20 +77,19 @@ def keys_of(cls: type[Any]) -> set[str]:
     return {k.name for f in dataclasses.fields(cls) if (k := yaml_key(f)) is not None}
 
 
-def _read_section(
-    r: _Reader, data: Mapping[str, Any], cls: Any, *, nested: tuple[Any, ...] = (), adjust: Adjust | None = None
-) -> Any:
+def _read_section(r: _Reader, data: Mapping[str, Any], cls: type[Section]) -> Any:
     """One section, each key by the converter its Key declares, then its rules between keys: every problem
     recorded against its key path, the default standing in for each bad value."""
-    path: str = cls.SECTION
+    path = cls.SECTION
     section = r.section(data, path.rsplit(".", 1)[-1], path)
     for name in [name for name in section if f"{path}.{name}" in _REMOVED]:
         r.add(f"{path}.{name}", _REMOVED[f"{path}.{name}"])
         section = {k: v for k, v in section.items() if k != name}
-    inner = {sub.SECTION.rsplit(".", 1)[-1]: sub for sub in nested}
+    inner = sections(cls)
     r.reject_unknown(section, keys_of(cls) | set(inner), path)
     values = _read_keys(r, section, cls, path)
     values.update({name: _read_section(r, section, sub) for name, sub in inner.items()})
+    adjust = _ADJUST.get(cls)
     if adjust is not None:
         adjust(r, section, values)
     return _settled(r, cls, values, path)
@@ -158,12 +101,12 @@ def _read_keys(r: _Reader, section: Mapping[str, Any], cls: type[Any], path: str
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         k = yaml_key(f)
-        if k is None or (k.kind == "special" and k.convert is None):
+        if k is None:
             continue
         if k.auto and section.get(k.name) == "auto":
             values[f.name] = None
         else:
-            values[f.name] = r.get(section, k.name, f"{path}.{k.name}", getattr(defaults, f.name), converter(k))
+            values[f.name] = r.get(section, k.name, f"{path}.{k.name}", getattr(defaults, f.name), k.convert)
     return values
 
 
@@ -198,16 +141,8 @@ def _schedule_by_cron(r: _Reader, section: Mapping[str, Any], values: dict[str, 
         values["interval_s"] = None
 
 
-def _read_server(r: _Reader, data: Mapping[str, Any]) -> ServerSettings:
-    section = r.section(data, "server", "server")
-    r.reject_unknown(section, {"listen"}, "server")
-    if section.get("listen") is None:
-        return ServerSettings()
-    parsed = parse_listen(section["listen"])
-    if isinstance(parsed, Bad):
-        r.add("server.listen", parsed.message)
-        return ServerSettings()
-    return ServerSettings(host=parsed[0], port=parsed[1])
+# What reading a section from YAML adds to its rules: the cron line's fields are APScheduler's to judge.
+_ADJUST: dict[type[Section], Adjust] = {ScheduleSettings: _schedule_by_cron}
 
 
 def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
@@ -218,15 +153,9 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     if not isinstance(data, Mapping):
         raise ConfigError(source, [Problem("", f"the top level must be a mapping, got {show(data)}")])
     r = _Reader(problems)
-    r.reject_unknown(data, {"schedule", "benchmark", "guard", "server", "history"}, "")
-    settings = Settings(
-        schedule=_read_section(r, data, ScheduleSettings, adjust=_schedule_by_cron),
-        benchmark=_read_section(r, data, BenchmarkSettings, nested=(TimingSettings, RefineSettings)),
-        guard=_read_section(r, data, GuardSettings),
-        server=_read_server(r, data),
-        history=_read_section(r, data, HistorySettings),
-        source=source,
-    )
+    top = sections(Settings)
+    r.reject_unknown(data, set(top), "")
+    settings = Settings(**{name: _read_section(r, data, cls) for name, cls in top.items()}, source=source)
     if problems:
         raise ConfigError(source, problems)
     return settings
@@ -250,8 +179,8 @@ def load_settings(path: str | Path | None) -> Settings:
 
 def with_listen(settings: Settings, listen: str) -> Settings:
     """The settings with ``server.listen`` replaced (the ``--web.listen-address`` flag, alias ``--listen``)."""
-    parsed = parse_listen(listen)
+    parsed = listen_address(listen)
     if isinstance(parsed, Bad):
         flag = "--web.listen-address (--listen)"
         raise ConfigError(flag, [Problem(flag, parsed.message)])
-    return dataclasses.replace(settings, server=ServerSettings(host=parsed[0], port=parsed[1]))
+    return dataclasses.replace(settings, server=ServerSettings(address=parsed))

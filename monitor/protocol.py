@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from monitor.codec import DecodeError, from_data, to_data
 from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, PointKey, Role, Withheld
 from monitor.settings import BenchmarkSettings, GuardSettings
+from monitor.text import abridged
 
 
 class ProtocolError(ValueError):
@@ -85,9 +86,9 @@ def decode(line: str) -> Message:
     try:
         body = json.loads(line)
     except ValueError as exc:
-        raise ProtocolError(f"malformed worker message {line[:200]!r}: not JSON ({exc})") from None
+        raise ProtocolError(f"malformed worker message {abridged(line, 200)}: not JSON ({exc})") from None
     if not isinstance(body, dict):
-        raise ProtocolError(f"malformed worker message {line[:200]!r}: not a JSON object")
+        raise ProtocolError(f"malformed worker message {abridged(line, 200)}: not a JSON object")
     kind = body.pop("type", None)
     cls = _TAGS.get(kind) if isinstance(kind, str) else None
     if cls is None:

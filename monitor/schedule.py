@@ -14,7 +14,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from monitor.settings import Bad, cron_line
+from monitor.convert import Bad, cron_line
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from monitor.settings import brief
+from monitor.text import brief
 
 MAX_FILE_BYTES = 1 << 20  # these files are a few kilobytes; /dev/zero is not one
 MAX_NESTING = 20  # the configuration's schema nests three levels; anything deeper is a mistake (or an attack)

@@ -9,6 +9,7 @@ import pytest
 
 from monitor.cli import main
 from monitor.config import load_settings, settings_from_mapping, with_listen
+from monitor.convert import parse_duration
 from monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from monitor.settings import (
     DEFAULT_PORT,
@@ -17,7 +18,6 @@ from monitor.settings import (
     ScheduleSettings,
     Settings,
     TimingSettings,
-    parse_duration,
 )
 from tests.conftest import REPO
 

@@ -21,13 +21,13 @@ def _service(loads: list[object]) -> Service:
         assert isinstance(value, Settings)
         return value
 
-    settings = Settings(server=ServerSettings(host="127.0.0.1", port=free_port()))
+    settings = Settings(server=ServerSettings(address=("127.0.0.1", free_port())))
     return Service(settings, load=load)
 
 
 def test_reload_takes_a_valid_configuration_and_refuses_an_invalid_one() -> None:
     """Valid: applied and counted as loaded. Invalid: refused, the running settings kept, loaded says 0."""
-    current = Settings(server=ServerSettings(host="127.0.0.1", port=free_port()))
+    current = Settings(server=ServerSettings(address=("127.0.0.1", free_port())))
     fewer = dataclasses.replace(current, benchmark=BenchmarkSettings(sizes=(8, 64)))
     bad = ConfigError("config.yaml", [Problem("benchmark.sizes[0]", "must be a positive integer matrix size")])
     service = _service([fewer, bad])
@@ -46,7 +46,7 @@ def test_reload_takes_a_valid_configuration_and_refuses_an_invalid_one() -> None
 
 def test_reload_keeps_the_listen_address_until_a_restart() -> None:
     """A new server.listen is not applied (the socket is bound): the rest of the file is."""
-    moved = Settings(server=ServerSettings(host="127.0.0.1", port=1), benchmark=BenchmarkSettings(sizes=(8,)))
+    moved = Settings(server=ServerSettings(address=("127.0.0.1", 1)), benchmark=BenchmarkSettings(sizes=(8,)))
     service = _service([moved])
     try:
         before = service._settings.server
@@ -59,7 +59,7 @@ def test_reload_keeps_the_listen_address_until_a_restart() -> None:
 
 def test_without_a_loader_reload_is_ignored() -> None:
     """A service built without a configuration source says so and changes nothing."""
-    service = Service(Settings(server=ServerSettings(host="127.0.0.1", port=free_port())))
+    service = Service(Settings(server=ServerSettings(address=("127.0.0.1", free_port()))))
     try:
         assert service.reload() is False
     finally:

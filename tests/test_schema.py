@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from monitor.config import settings_from_mapping
+from monitor.convert import MAX_SIZES
 from monitor.errors import ConfigError
 from monitor.schema import config_schema, render
 from monitor.settings import (
@@ -23,6 +24,7 @@ from monitor.settings import (
     GuardSettings,
     RefineSettings,
     ScheduleSettings,
+    ServerSettings,
     TimingSettings,
     yaml_key,
 )
@@ -35,6 +37,7 @@ SECTIONS = {
     ("benchmark", "timing"): TimingSettings,
     ("benchmark", "refine"): RefineSettings,
     ("guard",): GuardSettings,
+    ("server",): ServerSettings,
 }
 VALIDATOR = jsonschema.Draft7Validator(config_schema())
 
@@ -81,11 +84,10 @@ def _bounded_keys() -> list[tuple[tuple[str, ...], str, float, float, bool]]:
     for path, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             k = yaml_key(f)
-            if k is None or k.kind not in ("integer", "number"):
+            if k is None or k.convert.bounds is None:
                 continue
-            found.append(
-                (path, k.name, k.minimum or 0, k.maximum if k.maximum is not None else 4096, k.kind == "integer")
-            )
+            low, high = k.convert.bounds
+            found.append((path, k.name, low, high, k.convert.schema["type"] == "integer"))
     return found
 
 
@@ -127,8 +129,9 @@ VALUES = st.one_of(
         {"schedule": {"interval": ".5e1"}},
         {"server": {"listen": "[fe80::1%eth0]:9437"}},
         {"schedule": {"cron": " */5 * * * * "}},
+        {"server": {"listen": ":9437"}},
     ],
-    ids=["nulls", "float-text", "dot-float", "zone-id", "spaced-cron"],
+    ids=["nulls", "float-text", "dot-float", "zone-id", "spaced-cron", "port-only"],
 )
 def test_forms_the_loader_takes_pass_the_schema(document: dict[str, Any]) -> None:
     """Null sections and keys, float() forms of durations, spaces the loader strips: valid for both."""
@@ -145,3 +148,12 @@ def test_whatever_the_loader_accepts_the_schema_accepts(data: st.DataObject) -> 
     document = _nest(path, key, data.draw(VALUES))
     if _loads(document):
         assert VALIDATOR.is_valid(document), document
+
+
+@pytest.mark.parametrize("key", ["devices", "sizes", "dtypes", "modes"])
+def test_every_list_is_bounded_alike_by_schema_and_loader(key: str) -> None:
+    """A list of more than MAX_SIZES entries is refused by both (the schema bounded only sizes before)."""
+    entries: list[Any] = list(range(1, MAX_SIZES + 2)) if key == "sizes" else [f"x{i}" for i in range(MAX_SIZES + 1)]
+    document = {"benchmark": {key: entries}}
+    assert not VALIDATOR.is_valid(document)
+    assert not _loads(document)

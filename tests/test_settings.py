@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from monitor.config import settings_from_mapping
+from monitor.convert import MAX_SIZES
 from monitor.errors import ConfigError
 from monitor.settings import (
-    MAX_SIZES,
     BenchmarkSettings,
     HistorySettings,
     ScheduleSettings,

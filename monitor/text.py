@@ -1,0 +1,22 @@
+"""How a value is shown inside a message: abridged, so no message carries a whole (maybe huge) value (stdlib only)."""
+
+from __future__ import annotations
+
+SHOWN_CHARS = 60  # a value in a message is cut to this many characters
+
+
+def brief(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with an ellipsis where it was cut."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def abridged(value: object, limit: int = SHOWN_CHARS) -> str:
+    """repr(value), cut to ``limit`` characters."""
+    return brief(repr(value), limit)
+
+
+def show(value: object) -> str:
+    """What a value is and, abridged, what it holds: ``a string '15 minutes'``, ``a list [1]``."""
+    kinds = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return f"{kind} {abridged(value)}"
