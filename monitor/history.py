@@ -69,6 +69,23 @@ class Run:
     crossovers: tuple[tuple[str, str, str, float | None], ...]  # (gpu, mode, state, size)
 
 
+# The rows' JSON columns, written and read through the codec. They belong to SCHEMA_VERSION: bump it when
+# one of these fields is renamed or changes meaning (a file of a newer version is moved aside, not misread).
+@dataclass(frozen=True)
+class _DeviceRow:
+    device: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class _CrossoverRow:
+    gpu: str
+    mode: str
+    state: str
+    size: float | None
+
+
 # The served state's JSON is {"format": SERVED_FORMAT, "served": {...}}. Format 1 is the bare object
 # that releases before the version was written stored: read as it is. Bump it when a field of _Served
 # (or of what it holds) is renamed or changes meaning, and read the older format here too.
@@ -275,18 +292,27 @@ def _recent(db: sqlite3.Connection, limit: int) -> list[Run]:
         "SELECT kind, started_at, finished_at, result, reason, devices, crossovers FROM runs ORDER BY id DESC LIMIT ?",
         (limit,),
     ).fetchall()
-    return [
-        Run(
-            kind=kind,
-            started_at=started,
-            finished_at=finished,
-            result=result,
-            reason=reason,
-            devices=tuple((d["device"], d["state"], d["reason"]) for d in json.loads(devices)),
-            crossovers=tuple((c["gpu"], c["mode"], c["state"], c["size"]) for c in json.loads(crossovers)),
-        )
-        for kind, started, finished, result, reason, devices, crossovers in rows
-    ]
+    return [_run(row) for row in rows]
+
+
+def _run(row: tuple[Any, ...]) -> Run:
+    """One row as a Run; a row whose JSON cannot be read (edited by hand, damaged) says so in its reason."""
+    kind, started, finished, result, reason, devices, crossovers = row
+    try:
+        device_rows = from_data(tuple[_DeviceRow, ...], json.loads(devices), "devices")
+        crossover_rows = from_data(tuple[_CrossoverRow, ...], json.loads(crossovers), "crossovers")
+    except (ValueError, DecodeError) as exc:
+        device_rows, crossover_rows = (), ()
+        reason = f"{reason}; this row's details cannot be read ({exc})".lstrip("; ")
+    return Run(
+        kind=kind,
+        started_at=started,
+        finished_at=finished,
+        result=result,
+        reason=reason,
+        devices=tuple((d.device, d.state, d.reason) for d in device_rows),
+        crossovers=tuple((c.gpu, c.mode, c.state, c.size) for c in crossover_rows),
+    )
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -358,21 +384,19 @@ def _run_row(kind: str, outcome: SweepOutcome | None, now: float, reason: str) -
     if outcome is None:
         return (kind, now, now, SweepResult.SKIPPED.value, reason, "[]", "[]")
     snapshot = outcome.snapshot
-    devices: list[dict[str, str]] = []
-    crossovers: list[dict[str, Any]] = []
+    devices: list[_DeviceRow] = []
+    crossovers: list[_CrossoverRow] = []
     if snapshot is not None:
         for device in snapshot.devices:
             state, why = snapshot.device_state(device.device)
-            devices.append({"device": device.device, "state": state.value, "reason": why})
-        crossovers = [
-            {"gpu": c.gpu, "mode": c.mode, "state": c.state.value, "size": c.size} for c in snapshot.crossovers
-        ]
+            devices.append(_DeviceRow(device.device, state.value, why))
+        crossovers = [_CrossoverRow(c.gpu, c.mode, c.state.value, c.size) for c in snapshot.crossovers]
     return (
         kind,
         outcome.started_at,
         outcome.finished_at,
         outcome.result.value,
         outcome.reason,
-        json.dumps(devices),
-        json.dumps(crossovers),
+        json.dumps(to_data(devices)),
+        json.dumps(to_data(crossovers)),
     )

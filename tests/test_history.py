@@ -352,3 +352,17 @@ def test_a_served_state_from_a_newer_release_is_left_alone_and_said(
     with caplog.at_level(logging.WARNING):
         assert RunHistory.open(tmp_path, keep_runs=10).restore() is None
     assert f"format {SERVED_FORMAT + 1}; this one reads up to {SERVED_FORMAT}" in caplog.text
+
+
+def test_a_run_row_whose_details_cannot_be_read_is_listed_with_why(tmp_path: Path) -> None:
+    """A row edited by hand (a key renamed) is shown with its reason, not a KeyError from `history`."""
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    history.close()
+    with sqlite3.connect(tmp_path / FILE_NAME) as db:
+        db.execute("""UPDATE runs SET devices = '[{"name": "cuda:0", "state": "measured", "reason": ""}]'""")
+    db.close()
+    (run,) = read_recent(tmp_path, 10)
+    assert (run.kind, run.result, run.devices, run.crossovers) == ("sweep", "success", (), ())
+    assert run.reason.startswith("this row's details cannot be read (devices[0]")
+    assert "this row's details cannot be read" in render_history([run])
