@@ -8,49 +8,27 @@ import pytest
 
 from monitor.codec import DecodeError, from_data, to_data
 from monitor.model import (
-    Crossover,
-    CrossoverState,
     DeviceInfo,
     HardwareContext,
     Measurement,
-    PointKey,
     Snapshot,
-    StopReason,
     SweepOutcome,
     SweepResult,
-    Timing,
     Withheld,
     WithheldReason,
 )
 from monitor.protocol import ProtocolError, decode
 from monitor.settings import GuardSettings
+from tests.builders import crossover, point_key, snapshot, timing
 
-KEY = PointKey(backend="torch", device="cuda:0", dtype="float32", mode="compute", size=1024)
-TIMING = Timing(
-    median_s=6e-5,
-    iqr_s=1e-6,
-    blocks=5,
-    calls_per_block=300,
-    stop_reason=StopReason.CONVERGED,
-    noisy=False,
-    samples_s=(6e-5, 6.1e-5),
-)
-SNAPSHOT = Snapshot(
+KEY = point_key("cuda:0", 1024, backend="torch")
+TIMING = timing(6e-5, iqr_s=1e-6, calls_per_block=300, samples_s=(6e-5, 6.1e-5))
+SNAPSHOT = snapshot(
+    (DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-1"),)),),
+    (Measurement(key=KEY, timing=TIMING),),
     started_at=1.0,
     finished_at=2.0,
-    devices=(DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-1"),)),),
-    measurements=(Measurement(key=KEY, timing=TIMING),),
-    crossovers=(
-        Crossover(
-            backend="torch",
-            gpu="cuda:0",
-            cpu="cpu",
-            dtype="float32",
-            mode="compute",
-            state=CrossoverState.FOUND,
-            size=140.5,
-        ),
-    ),
+    crossovers=(crossover(backend="torch", gpu="cuda:0", cpu="cpu", size=140.5),),
     withheld=(Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
     hardware=(HardwareContext(backend="torch", device="cuda:0", clock_events=("sw_power_cap",), pcie_width_min=16),),
     measured_at=(("cuda:0", 2.0),),

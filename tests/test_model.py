@@ -8,12 +8,11 @@ from monitor.model import (
     DeviceFailure,
     DeviceInfo,
     DeviceState,
-    PointKey,
     Withheld,
     WithheldReason,
     gpu_cpu_pairs,
 )
-from tests.builders import measurement, snapshot
+from tests.builders import measurement, point_key, snapshot
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
 GPU0 = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
@@ -38,7 +37,7 @@ def _states(**fields: Any) -> dict[str, tuple[DeviceState, str]]:
 
 
 def test_a_measured_device_is_measured_even_where_a_point_of_it_failed() -> None:
-    point = PointKey(backend="fake", device="/CPU:0", dtype="float32", mode="compute", size=32)
+    point = point_key("/CPU:0", 32)
     states = _states(failures=(DeviceFailure(backend="fake", device="/CPU:0", reason="oom", point=point),))
     assert states["/CPU:0"] == (DeviceState.MEASURED, "")
 
@@ -53,7 +52,7 @@ def test_a_withheld_device_says_why_and_a_whole_failure_outranks_it() -> None:
 
 
 def test_a_device_that_measured_nothing_failed_with_the_reason_of_its_points_or_that_it_measured_nothing() -> None:
-    point = PointKey(backend="fake", device="/GPU:0", dtype="float32", mode="compute", size=16)
+    point = point_key("/GPU:0", 16)
     states = _states(failures=(DeviceFailure(backend="fake", device="/GPU:0", reason="out of memory", point=point),))
     assert states["/GPU:0"] == (DeviceState.FAILED, "out of memory")
     assert states["/GPU:1"] == (DeviceState.FAILED, "nothing was measured")
