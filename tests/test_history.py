@@ -47,6 +47,7 @@ def served_after(*outcomes: SweepOutcome) -> ServiceState:
 
 
 def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
+    """Runs, the served snapshot, counts, the last outcome and the recent n* all come back after a reopen."""
     history = RunHistory.open(tmp_path, keep_runs=100)
     assert history.restore() is None  # a new history
     assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
@@ -94,6 +95,7 @@ def test_each_device_is_recorded_in_the_state_its_metrics_serve(tmp_path: Path) 
 
 
 def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
+    """Past keep_runs, the oldest runs are dropped and the newest kept."""
     history = RunHistory.open(tmp_path, keep_runs=3)
     for index in range(7):
         outcome = dataclasses.replace(FAILED, started_at=float(index), finished_at=index + 0.5)
@@ -121,6 +123,7 @@ def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
 def test_a_bad_file_is_moved_aside_and_a_new_history_started(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, make_bad: object, said: str
 ) -> None:
+    """A history file that cannot be read is moved aside with a warning and a new history is started."""
     path = tmp_path / FILE_NAME
     make_bad(path)  # type: ignore[operator]
     with pytest.raises(HistoryUnavailable, match=said):  # the CLI reads without touching it
@@ -136,6 +139,7 @@ def test_a_bad_file_is_moved_aside_and_a_new_history_started(
 
 
 def test_a_directory_that_cannot_be_made_is_reported(tmp_path: Path) -> None:
+    """A history directory that cannot be made is HistoryUnavailable saying so."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(HistoryUnavailable, match="cannot make"):
@@ -159,6 +163,7 @@ def fill(path: Path) -> None:
 def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A full disk fails a record with a clear error, keeps what was committed intact, and recording resumes after."""
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
@@ -206,6 +211,7 @@ def run_until_killed(service: RunningService, served: dict[Labels, float], compl
 def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_completed_sweep(
     tmp_path: Path,
 ) -> None:
+    """Killed with SIGKILL mid-sweep and restarted, over and over: every completed sweep stays in the history."""
     state = tmp_path / "state"
     config = fake_config(interval="2s") + f"history: {{directory: {state}}}\n"
     completed = 0
@@ -225,6 +231,7 @@ def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_
 
 
 def test_history_command_prints_the_runs_and_names_a_missing_history(tmp_path: Path) -> None:
+    """`monitor history` prints the runs and their devices; a missing history is exit 1 with a clear line."""
     history = RunHistory.open(tmp_path, keep_runs=10)
     history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
     history.close()

@@ -88,6 +88,7 @@ def browse(url: str, profile: Path) -> str:
 
 @pytest.mark.slow
 def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path) -> None:
+    """In a real Chromium the page shows the settings, the crossovers, the runs and the drawn chart."""
     config = fake_config() + f"history: {{directory: {tmp_path / 'state'}}}\n"
     service = RunningService(tmp_path, config)
     try:
@@ -114,6 +115,7 @@ def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path)
 
 
 def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
+    """Served values are HTML-escaped; without the plot extra the page says what to install."""
     hostile = Withheld(
         backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="<script>alert(1)</script>"
     )
@@ -141,6 +143,7 @@ def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
 
 
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
+    """The runs table comes from the history, or without one from the latest outcome alone."""
     run = Run(
         kind="retry",
         started_at=10.0,
@@ -171,6 +174,7 @@ def _drawn(picture: page.SweepPicture, state: ServiceState) -> page.Picture:
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
+    """The chart is drawn once per sweep, in a child process: matplotlib stays out of the daemon."""
     picture = page.SweepPicture()
     state = ServiceState(latest=SNAPSHOT)
     drawn = _drawn(picture, state)
@@ -206,6 +210,7 @@ class _HeldDrawing:
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep_once() -> None:
+    """Asking for the chart never waits for the drawing, and each sweep is drawn once however often asked."""
     drawing = _HeldDrawing()
     picture = page.SweepPicture(drawing)
     state = ServiceState(latest=SNAPSHOT)
@@ -221,6 +226,7 @@ def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep() -> None:
+    """A chart that cannot be drawn is reported as failed and not tried again for the same sweep."""
     drawing = _HeldDrawing(result=None)
     drawing.release.set()
     picture = page.SweepPicture(drawing)
@@ -231,6 +237,7 @@ def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep
 
 
 def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
+    """While the chart is drawn the page says so and reloads itself; once drawn or failed it does not."""
     state = ServiceState(latest=SNAPSHOT)
     drawing = page.render(Settings(), state, [], picture=page.PictureState.DRAWING, now=0.0, version="x")
     assert "<meta http-equiv='refresh'" in drawing
@@ -253,6 +260,7 @@ def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
     ],
 )
 def test_sweep_svg_answers_where_the_picture_stands(looked: page.Picture, status: int, says: str) -> None:
+    """/sweep.svg answers by where the chart stands: the SVG, or a status that says why not."""
     registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
     server = MetricsServer(
         "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), picture=lambda: looked
