@@ -1,7 +1,8 @@
 """Shared builders of the value objects tests compare: timings, point keys, measurements, crossovers, snapshots.
 
 Each takes only what a test is about; everything else has a plain default (one visit, converged, not
-noisy), so a test reads as its point, not as boilerplate.
+noisy), so a test reads as its point, not as boilerplate. ``FULL_SNAPSHOT`` is one sweep with an entry of
+every kind, for the round trips and stores that must give back all of it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from monitor.model import (
     Crossover,
     CrossoverState,
     DeviceInfo,
+    HardwareContext,
     Measurement,
     Mode,
     PointKey,
@@ -21,6 +23,8 @@ from monitor.model import (
     Snapshot,
     StopReason,
     Timing,
+    Withheld,
+    WithheldReason,
 )
 
 
@@ -95,3 +99,17 @@ def snapshot(
         crossovers=found,
         **fields,
     )
+
+
+# A served sweep with an entry of every kind (a GPU with its UUID, a point with its samples, a found n*, a
+# withheld GPU, a hardware context, when each device was measured): what a round trip or a store must give back.
+FULL_SNAPSHOT = snapshot(
+    (DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-1"),)),),
+    (measurement("cuda:0", 1024, 6e-5, backend="torch", iqr_s=1e-6, calls_per_block=300, samples_s=(6e-5, 6.1e-5)),),
+    started_at=1.0,
+    finished_at=2.0,
+    crossovers=(crossover(backend="torch", gpu="cuda:0", cpu="cpu", size=140.5),),
+    withheld=(Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
+    hardware=(HardwareContext(backend="torch", device="cuda:0", clock_events=("sw_power_cap",), pcie_width_min=16),),
+    measured_at=(("cuda:0", 2.0),),
+)

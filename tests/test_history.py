@@ -27,12 +27,12 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.report import render_history
+from tests.builders import FULL_SNAPSHOT
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
-from tests.test_codec import SNAPSHOT
 
 Labels = frozenset[tuple[str, str]]
-SUCCESS = SweepOutcome(result=SweepResult.SUCCESS, started_at=1.0, finished_at=2.0, snapshot=SNAPSHOT)
+SUCCESS = SweepOutcome(result=SweepResult.SUCCESS, started_at=1.0, finished_at=2.0, snapshot=FULL_SNAPSHOT)
 FAILED = SweepOutcome(result=SweepResult.FAILED, started_at=3.0, finished_at=4.0, reason="the worker exited (status 1)")
 
 
@@ -63,7 +63,7 @@ def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
     assert restored is not None
     restored_state, backend = restored
     assert backend == "torch"
-    assert restored_state.latest == SNAPSHOT  # every measurement, crossover, withheld device and timestamp
+    assert restored_state.latest == FULL_SNAPSHOT  # every measurement, crossover, withheld device and timestamp
     assert restored_state.last_success_at == 2.0
     assert restored_state.count(SweepResult.SUCCESS) == 1
     assert restored_state.count(SweepResult.FAILED) == 1
@@ -82,8 +82,8 @@ def test_each_device_is_recorded_in_the_state_its_metrics_serve(tmp_path: Path) 
     """Measured, withheld with its reason, failed: a GPU the sweep never reached measured nothing, so it failed."""
     busy = Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process")
     never = DeviceInfo(backend="torch", device="cuda:2", kind="gpu", name="H200")
-    devices = (*SNAPSHOT.devices, DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200"), never)
-    served = dataclasses.replace(SNAPSHOT, devices=devices, withheld=(busy,))
+    devices = (*FULL_SNAPSHOT.devices, DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200"), never)
+    served = dataclasses.replace(FULL_SNAPSHOT, devices=devices, withheld=(busy,))
     history = RunHistory.open(tmp_path, keep_runs=10)
     assert history.record("sweep", dataclasses.replace(SUCCESS, snapshot=served), served_after(SUCCESS), "torch")
     (run,) = history.recent(1)
@@ -180,7 +180,7 @@ def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
         assert "cannot rollback" not in caplog.text
         restored = history.restore()
         assert restored is not None
-        assert restored[0].latest == SNAPSHOT  # never half a run: what was committed is intact
+        assert restored[0].latest == FULL_SNAPSHOT  # never half a run: what was committed is intact
         filler.unlink()
         assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
         history.close()
@@ -343,7 +343,7 @@ def test_the_served_state_carries_its_format_and_an_unversioned_one_still_restor
     _store_state(tmp_path, stored["served"])  # as an earlier release wrote it
     restored = RunHistory.open(tmp_path, keep_runs=10).restore()
     assert restored is not None
-    assert restored[0].latest == SNAPSHOT
+    assert restored[0].latest == FULL_SNAPSHOT
 
 
 def test_a_served_state_from_a_newer_release_is_left_alone_and_said(
