@@ -1,8 +1,8 @@
 """Fakes for the interference guard's tests: a scripted NVML, a scripted host meter, and the real runner on a thread.
 
-``FakeProbe`` answers per look as its script says; ``sweep_with`` runs a whole sweep (the real runner
-and sweep) against it, for the guard's tests and for those of what the service does with a withheld
-device (carry-over, retries).
+``FakeProbe`` answers per look as its script says; ``run_guarded`` runs the real runner under a guard
+built on it, and ``sweep_with`` a whole sweep (the real runner and sweep), for the guard's tests, the
+runner's retries, and what the service does with a withheld device (carry-over, retries).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.guard import GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
 from monitor.bench.runner import run_plan
-from monitor.model import DeviceInfo, Mode, SweepOutcome, SweepResult
+from monitor.model import DeviceInfo, Measurement, Mode, SweepOutcome, SweepResult, Withheld
 from monitor.protocol import Message, Plan
 from monitor.settings import GuardSettings
 from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
@@ -114,6 +114,26 @@ def fake_guard(
         sleep=sleeps.append,
         pods=pods,
     )
+
+
+def run_guarded(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
+    """The real runner timing ``plan`` (the known curves, compute mode, by default) under ``guard``."""
+    backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+    messages: list[Message] = []
+    run_plan(
+        plan or make_plan("tests.fakes:curve", modes=("compute",)), backend, messages.append, time.perf_counter, guard
+    )
+    return backend, messages
+
+
+def withheld_in(messages: list[Message]) -> list[Withheld]:
+    """The devices a run withheld, in the order it withheld them."""
+    return [m for m in messages if isinstance(m, Withheld)]
+
+
+def timed_on(messages: list[Message], device: str) -> list[Measurement]:
+    """The points a run emitted for ``device``."""
+    return [m for m in messages if isinstance(m, Measurement) and m.key.device == device]
 
 
 class ThreadWorker:

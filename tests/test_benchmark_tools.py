@@ -27,6 +27,7 @@ RECORDED = sorted(
 
 
 def test_block_fit_separates_the_per_block_cost_from_the_per_call_time() -> None:
+    """A line through block times against calls per block: its intercept is the block's cost, its slope a call's."""
     # 900 µs per block, 21.27 ms per call: an 8192² float32 matmul under JAX on an H200
     times = {k: 900e-6 + k * 21.27e-3 for k in block_overhead.CALLS}
     intercept, slope = block_overhead.fit(times)
@@ -35,6 +36,7 @@ def test_block_fit_separates_the_per_block_cost_from_the_per_call_time() -> None
 
 
 def test_jax_reference_takes_the_tighter_of_profiler_and_host_loop() -> None:
+    """At each size the JAX reference keeps the shorter of the profiler's and the host loop's time, and says which."""
     profiled = {128: 53e-6, 8192: 21.27e-3}  # the profiler slows dispatch: long at small n
     host_loop = {64: 40e-6, 128: 36e-6, 8192: 21.71e-3}  # each block's wait: long at large n
     seconds, chosen = references.tighter_bound(profiled, host_loop)
@@ -43,12 +45,14 @@ def test_jax_reference_takes_the_tighter_of_profiler_and_host_loop() -> None:
 
 
 def test_calls_per_block_fill_the_block_within_bounds() -> None:
+    """Calls per block fill the block's time, never fewer than one nor more than MAX_CALLS."""
     assert references.calls_per_block(1e-3) == 25
     assert references.calls_per_block(1.0) == 1
     assert references.calls_per_block(1e-9) == references.MAX_CALLS
 
 
 def test_gpu_reference_results_are_recorded() -> None:
+    """benchmarks/results holds at least one gpu_reference result."""
     assert RECORDED, "no gpu_reference results in benchmarks/results"
 
 
@@ -81,6 +85,7 @@ def kernel_blocks(
 
 
 def test_kernel_timestamps_give_the_per_call_span_of_each_block() -> None:
+    """Kernels in equal blocks give a call's time from each block's span, the host's gaps between blocks left out."""
     # a memset and a GEMM per call, 2 µs apart; the host takes 900 µs to start the next block
     kernels = kernel_blocks(5, 3, [1e3, 2e6], call_gap=2e3, block_gap=9e5)
     seconds, method = references.per_call_from_kernels(kernels, blocks=5, calls=3)
@@ -90,6 +95,7 @@ def test_kernel_timestamps_give_the_per_call_span_of_each_block() -> None:
 
 
 def test_kernel_timestamps_that_do_not_split_into_equal_blocks_use_the_whole_span() -> None:
+    """Kernels that do not split into equal blocks (one lost): a call's time is the whole trace's span per call."""
     kernels = kernel_blocks(5, 3, [2e6], call_gap=2e3, block_gap=9e5)[:-1]  # one kernel lost
     seconds, method = references.per_call_from_kernels(kernels, blocks=5, calls=3)
     assert method == "trace span"

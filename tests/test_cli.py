@@ -15,8 +15,9 @@ import pytest
 
 from monitor import __version__
 from monitor.cli import main
-from monitor.model import GPU_PROBLEM, Crossover, CrossoverState, HardwareContext, Snapshot, SweepOutcome, SweepResult
+from monitor.model import GPU_PROBLEM, CrossoverState, HardwareContext, SweepOutcome, SweepResult
 from monitor.report import render_table
+from tests import builders
 from tests.conftest import REPO
 from tests.service import fake_config
 
@@ -97,7 +98,7 @@ def test_once_says_what_a_gpu_looked_like_while_it_was_timed() -> None:
         power_limited_ratio=0.124,
         thermal_limited_ratio=0.0,
     )
-    snapshot = Snapshot(started_at=0.0, finished_at=1.0, devices=(), measurements=(), crossovers=(), hardware=(gpu,))
+    snapshot = builders.snapshot(hardware=(gpu,))
     outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=snapshot)
     lines = [line for line in render_table(outcome).splitlines() if line.startswith("hardware:")]
     assert lines == [
@@ -111,18 +112,9 @@ def test_once_says_what_a_gpu_looked_like_while_it_was_timed() -> None:
 
 def test_once_says_why_there_is_no_gpu_beside_the_crossovers() -> None:
     """The backend's reason for finding no GPU is one line under the no_gpu crossovers, not among the versions."""
-    no_gpu = Crossover(
-        backend="tensorflow", gpu="none", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.NO_GPU
-    )
+    no_gpu = builders.crossover(CrossoverState.NO_GPU, backend="tensorflow", gpu="none")
     reason = "TensorFlow as installed here is CPU-only, although the NVIDIA driver is loaded: install the cuda extra"
-    snapshot = Snapshot(
-        started_at=0.0,
-        finished_at=1.0,
-        devices=(),
-        measurements=(),
-        crossovers=(no_gpu,),
-        environment=(("framework", "tensorflow"), (GPU_PROBLEM, reason)),
-    )
+    snapshot = builders.snapshot(crossovers=(no_gpu,), environment=(("framework", "tensorflow"), (GPU_PROBLEM, reason)))
     outcome = SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=snapshot)
     lines = render_table(outcome).splitlines()
     tail = lines[lines.index("crossovers:") :]

@@ -7,61 +7,17 @@ import json
 import pytest
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import (
-    Crossover,
-    CrossoverState,
-    DeviceInfo,
-    HardwareContext,
-    Measurement,
-    PointKey,
-    Snapshot,
-    StopReason,
-    SweepOutcome,
-    SweepResult,
-    Timing,
-    Withheld,
-    WithheldReason,
-)
+from monitor.model import Snapshot, SweepOutcome, SweepResult
 from monitor.protocol import ProtocolError, decode
 from monitor.settings import GuardSettings
-
-KEY = PointKey(backend="torch", device="cuda:0", dtype="float32", mode="compute", size=1024)
-TIMING = Timing(
-    median_s=6e-5,
-    iqr_s=1e-6,
-    blocks=5,
-    calls_per_block=300,
-    stop_reason=StopReason.CONVERGED,
-    noisy=False,
-    samples_s=(6e-5, 6.1e-5),
-)
-SNAPSHOT = Snapshot(
-    started_at=1.0,
-    finished_at=2.0,
-    devices=(DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-1"),)),),
-    measurements=(Measurement(key=KEY, timing=TIMING),),
-    crossovers=(
-        Crossover(
-            backend="torch",
-            gpu="cuda:0",
-            cpu="cpu",
-            dtype="float32",
-            mode="compute",
-            state=CrossoverState.FOUND,
-            size=140.5,
-        ),
-    ),
-    withheld=(Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
-    hardware=(HardwareContext(backend="torch", device="cuda:0", clock_events=("sw_power_cap",), pcie_width_min=16),),
-    measured_at=(("cuda:0", 2.0),),
-)
+from tests.builders import FULL_SNAPSHOT
 
 
 @pytest.mark.parametrize(
     "value",
     [
-        SNAPSHOT,
-        SweepOutcome(result=SweepResult.SUCCESS, started_at=1, finished_at=2, snapshot=SNAPSHOT),
+        FULL_SNAPSHOT,
+        SweepOutcome(result=SweepResult.SUCCESS, started_at=1, finished_at=2, snapshot=FULL_SNAPSHOT),
         GuardSettings(),
     ],
     ids=["snapshot", "outcome", "settings"],
@@ -89,7 +45,7 @@ def test_round_trip_through_json(value: object) -> None:
 )
 def test_bad_data_names_the_field_at_fault(change: object, path: str, message: str) -> None:
     """Each kind of mismatch is a DecodeError whose path points at the field."""
-    data = to_data(SNAPSHOT)
+    data = to_data(FULL_SNAPSHOT)
     change(data)  # type: ignore[operator]
     with pytest.raises(DecodeError, match=message) as caught:
         from_data(Snapshot, data)
@@ -98,10 +54,11 @@ def test_bad_data_names_the_field_at_fault(change: object, path: str, message: s
 
 def test_a_malformed_worker_message_names_its_field() -> None:
     """A worker line that is JSON but not a message says which field is wrong (no bare 'malformed')."""
+    (point,) = FULL_SNAPSHOT.measurements
     body = {
         "type": "measurement",
-        "key": to_data(KEY),
-        "timing": {**to_data(TIMING), "blocks": "five"},
+        "key": to_data(point.key),
+        "timing": {**to_data(point.timing), "blocks": "five"},
         "role": "sweep",
     }
     with pytest.raises(
@@ -112,7 +69,7 @@ def test_a_malformed_worker_message_names_its_field() -> None:
 
 def test_an_integer_beyond_any_float_is_a_decode_error_not_a_crash() -> None:
     """10**400 where a float belongs: a DecodeError naming the field (an OverflowError would kill the reader)."""
-    data = to_data(SNAPSHOT)
+    data = to_data(FULL_SNAPSHOT)
     data["finished_at"] = 10**400
     with pytest.raises(DecodeError, match="finished_at: expected a finite number"):
         from_data(Snapshot, data)

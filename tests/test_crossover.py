@@ -25,6 +25,7 @@ from monitor.model import (
     Mode,
     RecentCrossovers,
 )
+from tests import builders
 from tests.builders import measurement
 
 SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
@@ -227,21 +228,9 @@ def test_ties_below_a_fitted_crossover_are_not_read_as_a_second_crossing() -> No
 
 
 def _found(size: float, at: float, interval: tuple[float, float] | None = None) -> Crossover:
+    """A crossover found at n* = ``size`` in a sweep that ended at ``at``, bracketed by 64 and 128."""
     low, high = interval or (None, None)
-    return Crossover(
-        backend="fake",
-        gpu="/GPU:0",
-        cpu="/CPU:0",
-        dtype="float32",
-        mode="compute",
-        state=CrossoverState.FOUND,
-        size=size,
-        lower=64,
-        upper=128,
-        ci_lower=low,
-        ci_upper=high,
-        derived_at=at,
-    )
+    return builders.crossover(size=size, lower=64, upper=128, ci_lower=low, ci_upper=high, derived_at=at)
 
 
 def _serve(

@@ -67,6 +67,7 @@ def logs(name: str) -> Callable[[], str]:
 
 
 def test_runs_as_its_own_user_with_a_read_only_root_and_passes_its_healthcheck(start_container: Start) -> None:
+    """The container runs as its own user, no capabilities, read-only root; healthy, then ready after a sweep."""
     name, port = start_container()
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: http_get(f"{base}/healthz")[0] == 200, 60, "/healthz 200", logs=logs(name))
@@ -90,6 +91,7 @@ def test_runs_as_its_own_user_with_a_read_only_root_and_passes_its_healthcheck(s
 
 
 def test_stop_during_a_sweep_is_quick_clean_and_one_info_line(start_container: Start) -> None:
+    """podman stop mid-sweep: quick, exit 0, one info line and no error in the logs."""
     name, _ = start_container()
     wait_until(
         lambda: podman("exec", name, "sh", "-c", WORKER_RUNNING, check=False).returncode == 0,
@@ -109,6 +111,7 @@ def test_stop_during_a_sweep_is_quick_clean_and_one_info_line(start_container: S
 
 
 def test_a_killed_container_serves_its_last_results_again_from_its_state_volume(start_container: Start) -> None:
+    """Killed and started again, the container serves its last results from its state volume at once."""
     volume = f"cm-test-state-{uuid.uuid4().hex[:8]}"
     state = "/var/lib/crossover-monitor"
     try:
@@ -130,6 +133,7 @@ def test_a_killed_container_serves_its_last_results_again_from_its_state_volume(
 
 
 def test_without_a_writable_tmp_readiness_says_why_and_no_sweep_crashes(start_container: Start) -> None:
+    """With no writable /tmp, /readyz says why and what to set, and the sweep fails cleanly without a traceback."""
     name, port = start_container("--read-only-tmpfs=false")  # a read-only root with nothing mounted at /tmp
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: http_get(f"{base}/healthz")[0] == 200, 60, "/healthz 200", logs=logs(name))

@@ -47,6 +47,7 @@ def wait_for_worker(machine: Machine) -> None:
 
 
 def test_start_reaches_ready_serves_and_sweeps_with_tensorflow(machine: Machine) -> None:
+    """Started under systemd: healthy, then ready after a TensorFlow sweep with every device up and no error."""
     port = free_port()
     start(machine, config_text(port))
     base = f"http://127.0.0.1:{port}"
@@ -66,6 +67,7 @@ def test_start_reaches_ready_serves_and_sweeps_with_tensorflow(machine: Machine)
 
 @pytest.mark.parametrize("how", ["systemctl stop", "SIGTERM"])
 def test_stop_during_a_sweep_is_one_info_line_and_quick(machine: Machine, how: str) -> None:
+    """Stopped mid-sweep (systemctl stop or SIGTERM): quick, a clean result, one info line, no restart."""
     main_pid = start(machine, config_text(free_port()))
     wait_for_worker(machine)
     began = time.monotonic()
@@ -86,6 +88,7 @@ def test_stop_during_a_sweep_is_one_info_line_and_quick(machine: Machine, how: s
 
 
 def test_bad_config_exits_78_and_is_not_restarted(machine: Machine) -> None:
+    """A bad config exits 78 naming every problem, and systemd does not restart it."""
     bad = config_text(free_port(), **{"benchmark.sizes": [], "schedule.interval": "soon"})
     machine.install_unit(bad)
     started = machine.run("systemctl", "start", UNIT_NAME, check=False, timeout=60)
@@ -103,6 +106,7 @@ def test_bad_config_exits_78_and_is_not_restarted(machine: Machine) -> None:
 
 
 def test_watchdog_restarts_a_hung_service_however_many_manual_starts_came_before(machine: Machine) -> None:
+    """A hung service is restarted by the watchdog, even after several manual starts."""
     # The unit's own start limits; only the watchdog and restart delay shortened, to keep the test short.
     dropin = "[Service]\nWatchdogSec=4s\nRestartSec=1s\n"
     start(machine, config_text(free_port()), dropin)
@@ -122,6 +126,7 @@ def test_watchdog_restarts_a_hung_service_however_many_manual_starts_came_before
 
 
 def test_systemctl_reload_applies_a_valid_config_and_keeps_the_old_one_on_a_bad_one(machine: Machine) -> None:
+    """systemctl reload applies a valid config and keeps the old one on a bad one, the process the same."""
     port = free_port()
     main_pid = start(machine, config_text(port))
     base = f"http://127.0.0.1:{port}"
@@ -143,6 +148,7 @@ def test_systemctl_reload_applies_a_valid_config_and_keeps_the_old_one_on_a_bad_
 
 
 def test_memory_deny_write_execute_is_refused_with_its_reason_not_timed_slowly(machine: Machine) -> None:
+    """Under MemoryDenyWriteExecute= the service refuses to time and says why, rather than time slowly."""
     # Under MemoryDenyWriteExecute= TensorFlow ran its CPU products about 4x slower instead of failing:
     # the service now refuses to time and says why, on /readyz and in the sweep's result.
     port = free_port()
@@ -159,6 +165,7 @@ def test_memory_deny_write_execute_is_refused_with_its_reason_not_timed_slowly(m
 
 
 def test_sigkill_then_restart_serves_the_last_results_from_the_state_directory(machine: Machine) -> None:
+    """Killed with SIGKILL and restarted by systemd: the last results are served at once from the state directory."""
     port = free_port()
     start(machine, config_text(port), "[Service]\nRestartSec=1s\n")
     base = f"http://127.0.0.1:{port}"
@@ -190,6 +197,7 @@ def test_sigkill_then_restart_serves_the_last_results_from_the_state_directory(m
 
 
 def test_sandbox_holds(machine: Machine) -> None:
+    """The sandbox holds: no capabilities, an unprivileged user, read-only system paths, private /tmp, no homes."""
     main_pid = start(machine, config_text(free_port()))
     status = dict(
         line.split(":", 1) for line in machine.run("cat", f"/proc/{main_pid}/status").stdout.splitlines() if ":" in line
@@ -226,6 +234,7 @@ def test_sandbox_holds(machine: Machine) -> None:
 
 
 def test_device_policy_is_enforced(machine: Machine) -> None:
+    """DevicePolicy=closed keeps the service's cgroup from opening a device outside DeviceAllow=."""
     start(machine, config_text(free_port()))
     if machine.run("stat", "-fc", "%T", "/sys/fs/cgroup").stdout.strip() != "cgroup2fs":
         pytest.skip("the container has cgroup v1, where systemd does not enforce DevicePolicy=")

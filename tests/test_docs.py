@@ -28,6 +28,7 @@ def links(page: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
+    """Every relative link of the page names a file that exists and, into Markdown, a heading that does."""
     broken = []
     for target in links(page):
         path, _, anchor = target.partition("#")
@@ -40,6 +41,7 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
 
 
 def test_the_link_check_catches_a_moved_section(tmp_path: Path) -> None:
+    """The link check finds every link of a page and tells an anchor with a heading from one without."""
     page = tmp_path / "page.md"
     page.write_text("# Title\n\n## Run history\n\nSee [there](#run-history), [gone](#verified-on), [x](nowhere.md).\n")
     targets = links(page)

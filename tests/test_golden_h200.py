@@ -21,12 +21,10 @@ from monitor.model import (
     Measurement,
     PointKey,
     ServiceState,
-    Snapshot,
-    StopReason,
     SweepOutcome,
     SweepResult,
-    Timing,
 )
+from tests import builders
 from tests.promql import promtool
 from tests.service import Samples, find, parse
 
@@ -72,12 +70,10 @@ def _snapshot_from(samples: Samples) -> ServiceState:
     for key, median in find(samples, "matmul_duration_seconds").items():
         labels = _labels(key)
         point = from_data(PointKey, {**pick(labels, "backend", "device", "dtype", "mode"), "size": int(labels["size"])})
-        timing = Timing(
-            median_s=median,
+        # Blocks, calls per block and stop reason are not scraped: the builder's plain ones stand in.
+        timing = builders.timing(
+            median,
             iqr_s=samples[("matmul_duration_iqr_seconds", key)],
-            blocks=5,
-            calls_per_block=1,
-            stop_reason=StopReason.CONVERGED,
             noisy=samples[("matmul_duration_noisy", key)] == 1,
         )
         measurements.append(Measurement(key=point, timing=timing))
@@ -119,12 +115,12 @@ def _snapshot_from(samples: Samples) -> ServiceState:
     environment = tuple(sorted((k, v) for k, v in bench_key if k != "backend" and v))
     finished = samples[("matmul_sweep_last_success_timestamp_seconds", frozenset())]
     started = finished - samples[("matmul_sweep_duration_seconds", frozenset())]
-    snapshot = Snapshot(
+    snapshot = builders.snapshot(
+        devices,
+        measurements,
         started_at=started,
         finished_at=finished,
-        devices=tuple(devices),
-        measurements=tuple(measurements),
-        crossovers=tuple(crossovers),
+        crossovers=crossovers,
         costs=tuple(costs),
         environment=environment,
     )

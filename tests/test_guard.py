@@ -19,10 +19,8 @@ from typing import Any
 
 import pytest
 
-from monitor.bench.contract import BackendOptions
-from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, GuardUnavailable, HostLoad
 from monitor.bench.podresources import PodResourcesUnavailable
-from monitor.bench.runner import run_plan
 from monitor.model import (
     CrossoverState,
     DeviceInfo,
@@ -30,10 +28,9 @@ from monitor.model import (
     Measurement,
     SweepOutcome,
     SweepResult,
-    Withheld,
     WithheldReason,
 )
-from monitor.protocol import Message, Plan
+from monitor.protocol import Message
 from monitor.settings import GuardSettings
 from monitor.sweep import run_sweep
 from tests.conftest import make_plan
@@ -42,26 +39,15 @@ from tests.guardfakes import (
     IDLE,
     JOB,
     OWN_PID,
-    CountingBackend,
     FailingProbe,
     FakeHost,
     FakeProbe,
     fake_guard,
+    run_guarded,
     sweep_with,
+    timed_on,
+    withheld_in,
 )
-
-
-def _run(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
-    backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
-    messages: list[Message] = []
-    run_plan(
-        plan or make_plan("tests.fakes:curve", modes=("compute",)), backend, messages.append, time.perf_counter, guard
-    )
-    return backend, messages
-
-
-def _withheld(messages: list[Message]) -> list[Withheld]:
-    return [m for m in messages if isinstance(m, Withheld)]
 
 
 def _hardware(messages: list[Message], device: str) -> HardwareContext:
@@ -70,27 +56,23 @@ def _hardware(messages: list[Message], device: str) -> HardwareContext:
     return context
 
 
-def _timed(messages: list[Message], device: str) -> list[Measurement]:
-    return [m for m in messages if isinstance(m, Measurement) and m.key.device == device]
-
-
 def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
     """A job already on the GPU: not one block runs there, and the reason names its process."""
     probe = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), JOB)))
-    backend, messages = _run(fake_guard(probe))
-    (withheld,) = _withheld(messages)
+    backend, messages = run_guarded(fake_guard(probe))
+    (withheld,) = withheld_in(messages)
     assert withheld.device == "/GPU:0"
     assert withheld.reason is WithheldReason.GPU_BUSY
     assert "pid 4242 train.py" in withheld.detail
     assert "/GPU:0" not in backend.blocks
-    assert _timed(messages, "/CPU:0")  # the CPU is still measured
+    assert timed_on(messages, "/CPU:0")  # the CPU is still measured
 
 
 def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
     """Utilisation above gpu_max_utilization before the worker used the GPU means someone else is."""
     probe = FakeProbe(lambda _: dataclasses.replace(IDLE, utilization_pct=87.0))
-    backend, messages = _run(fake_guard(probe, gpu_max_utilization_pct=10))
-    (withheld,) = _withheld(messages)
+    backend, messages = run_guarded(fake_guard(probe, gpu_max_utilization_pct=10))
+    (withheld,) = withheld_in(messages)
     assert "87% utilisation" in withheld.detail
     assert "/GPU:0" not in backend.blocks
 
@@ -98,24 +80,24 @@ def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
 def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
     """Once the worker has timed the GPU, utilisation is its own and is not held against it."""
     probe = FakeProbe(lambda look: dataclasses.replace(IDLE, utilization_pct=0.0 if look == 1 else 100.0))
-    _, messages = _run(fake_guard(probe))
-    assert not _withheld(messages)
-    assert _timed(messages, "/GPU:0")
+    _, messages = run_guarded(fake_guard(probe))
+    assert not withheld_in(messages)
+    assert timed_on(messages, "/GPU:0")
 
 
 def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
     """A job that starts on a GPU mid-sweep: that GPU busy, and nothing more is timed at all (the CPU yields)."""
     # Looks alternate before/after each point: the job shows up at the look after the third point.
     probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = _run(fake_guard(probe))
-    gpu, cpu = _withheld(messages)
+    _, messages = run_guarded(fake_guard(probe))
+    gpu, cpu = withheld_in(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
     assert "while it was timed" in gpu.detail
     assert (cpu.device, cpu.reason) == ("/CPU:0", WithheldReason.YIELDED)
     assert "job that started on /GPU:0" in cpu.detail
-    assert len(_timed(messages, "/GPU:0")) == 2  # the third point was timed but is not emitted
+    assert len(timed_on(messages, "/GPU:0")) == 2  # the third point was timed but is not emitted
     assert probe.looks == 6  # and the GPU is not looked at (or timed) again
-    cpu_points = len(_timed(messages, "/CPU:0"))
+    cpu_points = len(timed_on(messages, "/CPU:0"))
     assert messages.index(cpu) > max(i for i, m in enumerate(messages) if isinstance(m, Measurement))
     assert cpu_points == 3  # sizes 16, 32, 64 before the job; none after it
 
@@ -144,8 +126,8 @@ def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
 @pytest.mark.parametrize("probe", [None, FailingProbe()], ids=["nvml-missing", "nvml-failing"])
 def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: GpuProbe | None) -> None:
     """NVML missing or failing: a clear state and reason, never a crash and never an unguarded timing."""
-    backend, messages = _run(fake_guard(probe))
-    (withheld,) = _withheld(messages)
+    backend, messages = run_guarded(fake_guard(probe))
+    (withheld,) = withheld_in(messages)
     assert withheld.reason is WithheldReason.UNGUARDED
     assert "guard.require_nvml: false" in withheld.detail
     assert "/GPU:0" not in backend.blocks
@@ -153,19 +135,19 @@ def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: G
 
 def test_require_nvml_false_times_gpus_unguarded() -> None:
     """The operator's explicit choice: without NVML the GPU is timed anyway."""
-    _, messages = _run(fake_guard(None, require_nvml=False))
-    assert not _withheld(messages)
-    assert _timed(messages, "/GPU:0")
+    _, messages = run_guarded(fake_guard(None, require_nvml=False))
+    assert not withheld_in(messages)
+    assert timed_on(messages, "/GPU:0")
 
 
 def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> None:
     """NVML's host PIDs are not in a container's /proc: one hidden process is the worker's, a second is a job."""
     own = GpuProcess(pid=77001, visible=False)
     job = GpuProcess(pid=77002, visible=False)
-    _, alone = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
-    assert not _withheld(alone)
-    _, shared = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
-    assert _withheld(shared)
+    _, alone = run_guarded(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
+    assert not withheld_in(alone)
+    _, shared = run_guarded(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
+    assert withheld_in(shared)
 
 
 def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None:
@@ -183,29 +165,29 @@ def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None
     def busy() -> FakeProbe:
         return FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))
 
-    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=pods))[1])
+    (withheld, *_) = withheld_in(run_guarded(fake_guard(busy(), pods=pods))[1])
     assert withheld.detail.endswith("; allocated to pod ml/train-7")
     assert asked[0] == "GPU-fake-/GPU:0"
-    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=kubelet_down))[1])
+    (withheld, *_) = withheld_in(run_guarded(fake_guard(busy(), pods=kubelet_down))[1])
     assert withheld.detail.endswith(
         "; which pod holds it is unknown (the kubelet's pod-resources API at /x.sock: StatusCode.UNAVAILABLE)"
     )
-    (withheld, *_) = _withheld(_run(fake_guard(busy(), pods=lambda _: []))[1])
+    (withheld, *_) = withheld_in(run_guarded(fake_guard(busy(), pods=lambda _: []))[1])
     assert withheld.detail.endswith(
         "; no pod's allocation names GPU-fake-/GPU:0 (a process outside the device plugin's, or MIG or index ids)"
     )
     # Not under Kubernetes: the detail is as before, with no word of pods.
-    (withheld, *_) = _withheld(_run(fake_guard(busy()))[1])
+    (withheld, *_) = withheld_in(run_guarded(fake_guard(busy()))[1])
     assert "pod" not in withheld.detail
 
 
 def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
     """Where the worker finds itself, a process hidden from its /proc (systemd ProtectProc) is another program."""
     hidden_job = GpuProcess(pid=77002, visible=False)
-    _, messages = _run(
+    _, messages = run_guarded(
         fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
     )
-    assert _withheld(messages)
+    assert withheld_in(messages)
 
 
 def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -> None:
@@ -224,7 +206,7 @@ def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -
             pcie_width_max=16,
         )
 
-    _, messages = _run(fake_guard(FakeProbe(script)))
+    _, messages = run_guarded(fake_guard(FakeProbe(script)))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.sm_clock_min_hz == 1.2e9
     assert gpu.clock_events == ("sw_thermal_slowdown",)
@@ -240,7 +222,7 @@ def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
         return dataclasses.replace(IDLE, power_limited_s=held, read_at_s=float(look))  # each point lasts 1 s
 
     probe = FakeProbe(script)
-    _, messages = _run(fake_guard(probe))
+    _, messages = run_guarded(fake_guard(probe))
     gpu = _hardware(messages, "/GPU:0")
     points = probe.looks // 2  # a look before and one after each point
     assert points >= 2
@@ -257,7 +239,7 @@ def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> N
             raise GuardUnavailable("NVML_ERROR_UNKNOWN (injected)")
         return dataclasses.replace(IDLE, power_limited_s=totals.get(look, 5.0), read_at_s=float(look))
 
-    _, messages = _run(fake_guard(FakeProbe(script), require_nvml=False))
+    _, messages = run_guarded(fake_guard(FakeProbe(script), require_nvml=False))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.power_limited_ratio == 0.0  # the points from look 4 on ran clean; looks 1 and 4 never paired
 
@@ -293,38 +275,40 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
 def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
     """Its time includes the wait: timed again once, then withheld as cpu_contended; the CPU goes on."""
     host = FakeHost([0.0], waits=[0.3])
-    backend, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), host))
-    (gpu,) = _withheld(messages)
+    backend, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), host))
+    (gpu,) = withheld_in(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.CPU_CONTENDED)
     assert "waited for a CPU 30.0% of the time its point ran" in gpu.detail
     assert "(timed twice)" in gpu.detail
-    assert not _timed(messages, "/GPU:0")
-    assert len(_timed(messages, "/CPU:0")) == 5  # the CPU's own criterion is others' load, and there was none
+    assert not timed_on(messages, "/GPU:0")
+    assert len(timed_on(messages, "/CPU:0")) == 5  # the CPU's own criterion is others' load, and there was none
     assert backend.blocks["/GPU:0"] > 0
 
 
 def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_no_reason() -> None:
     """A burst that passed: the retry was clean. A kernel without schedstat: nothing to go on, nothing withheld."""
     # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), CPU n=2, GPU n=2 (1%), then clean.
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0])))
-    assert not _withheld(messages)
-    assert len(_timed(messages, "/GPU:0")) == 5
+    _, messages = run_guarded(
+        fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0]))
+    )
+    assert not withheld_in(messages)
+    assert len(timed_on(messages, "/GPU:0")) == 5
     assert _hardware(messages, "/GPU:0").host_wait_ratio == 0.01  # the most over the tries that count
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
-    assert not _withheld(messages)
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
+    assert not withheld_in(messages)
     assert _hardware(messages, "/GPU:0").host_wait_ratio is None  # unknown, not 0
 
 
 def test_quota_throttling_of_every_try_is_counted_and_a_throttled_point_timed_again() -> None:
     """Throttled 0.5 s of its first second: timed again (0.01 s, under 2%), and both tries' throttling is kept."""
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
-    assert not _withheld(messages)
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
+    assert not withheld_in(messages)
     assert _hardware(messages, "/CPU:0").cpu_throttled_s == pytest.approx(0.51)
 
 
 def test_without_nvml_a_gpu_publishes_its_host_wait_and_nothing_else() -> None:
     """require_nvml off and no NVML: the GPU's context holds the schedstat wait; NVML's fields stay unknown, not 0."""
-    _, messages = _run(fake_guard(None, FakeHost([0.0], waits=[0.0, 0.01]), require_nvml=False))
+    _, messages = run_guarded(fake_guard(None, FakeHost([0.0], waits=[0.0, 0.01]), require_nvml=False))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.host_wait_ratio == 0.01
     assert gpu.other_processes_max is None
@@ -335,8 +319,8 @@ def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:
     """Both at once at a GPU point: the job's arrival decides (busy, the rest yielded), not the host's load."""
     probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
     host = FakeHost([0.0], waits=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3])  # the third GPU point's windows waited
-    _, messages = _run(fake_guard(probe, host))
-    gpu, cpu = _withheld(messages)
+    _, messages = run_guarded(fake_guard(probe, host))
+    gpu, cpu = withheld_in(messages)
     assert (gpu.reason, cpu.reason) == (WithheldReason.GPU_BUSY, WithheldReason.YIELDED)
 
 
@@ -396,11 +380,11 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
             return dataclasses.replace(load, steal_cores=load.other_cores / 2)
 
     # Windows alternate CPU point, GPU point (n = 1, then each size); a GPU point's window counts for no CPU figure.
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
     # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 
@@ -459,33 +443,10 @@ def test_only_an_idle_small_context_of_another_program_is_ignored(
         used_memory_bytes=memory_mib * 2**20 if memory_mib is not None else None,
         sm_utilization_pct=sm_pct,
     )
-    _, messages = _run(
+    _, messages = run_guarded(
         fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
     )
-    assert bool(_withheld(messages)) is busy
-
-
-def test_nvml_index_follows_cuda_visible_devices() -> None:
-    """Framework ordinals map through CUDA_VISIBLE_DEVICES to NVML indices or UUIDs; MIG is refused clearly."""
-    from monitor.bench.nvml import clock_event_names, nvml_index  # noqa: PLC0415
-
-    gpu = DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200")
-    assert nvml_index(gpu, None) == 1
-    assert nvml_index(gpu, "3,5") == 5
-    assert nvml_index(gpu, "GPU-aaa,GPU-bbb") == "GPU-bbb"
-    with pytest.raises(GuardUnavailable, match="MIG"):
-        nvml_index(gpu, "0,MIG-xyz")
-    with pytest.raises(GuardUnavailable, match="not in CUDA_VISIBLE_DEVICES"):
-        nvml_index(gpu, "0")
-    assert clock_event_names(0x1 | 0x4 | 0x40) == ("sw_power_cap", "hw_thermal_slowdown")
-
-
-def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
-    """A retry looks at the GPUs first: all still busy, so not even the CPU is timed (no load on the node)."""
-    plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
-    backend, messages = _run(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))), plan)
-    assert _withheld(messages)
-    assert backend.blocks == {}
+    assert bool(withheld_in(messages)) is busy
 
 
 def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that_gpu_alone() -> None:
@@ -494,43 +455,21 @@ def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that
     own = GpuProcess(pid=77001, visible=False, used_memory_bytes=500 * 2**20)
     job = GpuProcess(pid=77002, visible=False, used_memory_bytes=20 * 2**30, sm_utilization_pct=95.0)
     probe = FakeProbe(lambda look: dataclasses.replace(IDLE, processes=(job,) if look == 1 else (own, job)))
-    _, messages = _run(fake_guard(probe))
-    (withheld,) = _withheld(messages)
+    _, messages = run_guarded(fake_guard(probe))
+    (withheld,) = withheld_in(messages)
     assert (withheld.device, withheld.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
-    assert not _timed(messages, "/GPU:0")
-    assert {m.key.size for m in _timed(messages, "/CPU:0")} == {1, 16, 32, 64, 128}
-
-
-def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
-    """A retry whose GPU turns out busy after its first point times no further CPU point."""
-    plan = dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",)), retry=True)
-    probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = _run(fake_guard(probe), plan)
-    assert _withheld(messages)
-    assert len(_timed(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
-
-
-def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
-    """A named device missing from a retry is a failure, but not a fatal one (a GPU reset heals)."""
-    from monitor.model import DeviceFailure  # noqa: PLC0415
-
-    plan = dataclasses.replace(
-        make_plan("tests.fakes:curve", modes=("compute",), devices=("/CPU:0", "/GPU:7")), retry=True
-    )
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE)), plan)
-    (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
-    assert failure.device == "/GPU:7"
-    assert not failure.fatal
+    assert not timed_on(messages, "/GPU:0")
+    assert {m.key.size for m in timed_on(messages, "/CPU:0")} == {1, 16, 32, 64, 128}
 
 
 def test_the_driver_names_each_gpu_for_other_exporters_and_a_lost_nvml_names_none() -> None:
     """NVML's UUID and PCI bus id go into the GPU's details (the CPU gets none); without NVML, nothing is made up."""
-    _, messages = _run(fake_guard(FakeProbe(lambda _: IDLE)))
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE)))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert devices["/GPU:0"]["uuid"] == "GPU-fake-/GPU:0"
     assert devices["/GPU:0"]["pci_bus_id"] == "00000000:18:00.0"
     assert "uuid" not in devices["/CPU:0"]
-    _, messages = _run(fake_guard(FailingProbe()))
+    _, messages = run_guarded(fake_guard(FailingProbe()))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert "uuid" not in devices["/GPU:0"]
     assert "pci_bus_id" not in devices["/GPU:0"]

@@ -27,12 +27,12 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.report import render_history
+from tests.builders import FULL_SNAPSHOT
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
-from tests.test_codec import SNAPSHOT
 
 Labels = frozenset[tuple[str, str]]
-SUCCESS = SweepOutcome(result=SweepResult.SUCCESS, started_at=1.0, finished_at=2.0, snapshot=SNAPSHOT)
+SUCCESS = SweepOutcome(result=SweepResult.SUCCESS, started_at=1.0, finished_at=2.0, snapshot=FULL_SNAPSHOT)
 FAILED = SweepOutcome(result=SweepResult.FAILED, started_at=3.0, finished_at=4.0, reason="the worker exited (status 1)")
 
 
@@ -47,6 +47,7 @@ def served_after(*outcomes: SweepOutcome) -> ServiceState:
 
 
 def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
+    """Runs, the served snapshot, counts, the last outcome and the recent n* all come back after a reopen."""
     history = RunHistory.open(tmp_path, keep_runs=100)
     assert history.restore() is None  # a new history
     assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
@@ -62,7 +63,7 @@ def test_runs_and_what_was_served_survive_a_reopen(tmp_path: Path) -> None:
     assert restored is not None
     restored_state, backend = restored
     assert backend == "torch"
-    assert restored_state.latest == SNAPSHOT  # every measurement, crossover, withheld device and timestamp
+    assert restored_state.latest == FULL_SNAPSHOT  # every measurement, crossover, withheld device and timestamp
     assert restored_state.last_success_at == 2.0
     assert restored_state.count(SweepResult.SUCCESS) == 1
     assert restored_state.count(SweepResult.FAILED) == 1
@@ -81,8 +82,8 @@ def test_each_device_is_recorded_in_the_state_its_metrics_serve(tmp_path: Path) 
     """Measured, withheld with its reason, failed: a GPU the sweep never reached measured nothing, so it failed."""
     busy = Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process")
     never = DeviceInfo(backend="torch", device="cuda:2", kind="gpu", name="H200")
-    devices = (*SNAPSHOT.devices, DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200"), never)
-    served = dataclasses.replace(SNAPSHOT, devices=devices, withheld=(busy,))
+    devices = (*FULL_SNAPSHOT.devices, DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200"), never)
+    served = dataclasses.replace(FULL_SNAPSHOT, devices=devices, withheld=(busy,))
     history = RunHistory.open(tmp_path, keep_runs=10)
     assert history.record("sweep", dataclasses.replace(SUCCESS, snapshot=served), served_after(SUCCESS), "torch")
     (run,) = history.recent(1)
@@ -94,6 +95,7 @@ def test_each_device_is_recorded_in_the_state_its_metrics_serve(tmp_path: Path) 
 
 
 def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
+    """Past keep_runs, the oldest runs are dropped and the newest kept."""
     history = RunHistory.open(tmp_path, keep_runs=3)
     for index in range(7):
         outcome = dataclasses.replace(FAILED, started_at=float(index), finished_at=index + 0.5)
@@ -121,6 +123,7 @@ def test_only_the_newest_runs_are_kept(tmp_path: Path) -> None:
 def test_a_bad_file_is_moved_aside_and_a_new_history_started(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, make_bad: object, said: str
 ) -> None:
+    """A history file that cannot be read is moved aside with a warning and a new history is started."""
     path = tmp_path / FILE_NAME
     make_bad(path)  # type: ignore[operator]
     with pytest.raises(HistoryUnavailable, match=said):  # the CLI reads without touching it
@@ -136,6 +139,7 @@ def test_a_bad_file_is_moved_aside_and_a_new_history_started(
 
 
 def test_a_directory_that_cannot_be_made_is_reported(tmp_path: Path) -> None:
+    """A history directory that cannot be made is HistoryUnavailable saying so."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(HistoryUnavailable, match="cannot make"):
@@ -159,6 +163,7 @@ def fill(path: Path) -> None:
 def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """A full disk fails a record with a clear error, keeps what was committed intact, and recording resumes after."""
     disk = tmp_path / "disk"
     disk.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], check=True)
@@ -175,7 +180,7 @@ def test_a_full_disk_is_logged_and_the_history_goes_on_afterwards(
         assert "cannot rollback" not in caplog.text
         restored = history.restore()
         assert restored is not None
-        assert restored[0].latest == SNAPSHOT  # never half a run: what was committed is intact
+        assert restored[0].latest == FULL_SNAPSHOT  # never half a run: what was committed is intact
         filler.unlink()
         assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
         history.close()
@@ -206,6 +211,7 @@ def run_until_killed(service: RunningService, served: dict[Labels, float], compl
 def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_completed_sweep(
     tmp_path: Path,
 ) -> None:
+    """Killed with SIGKILL mid-sweep and restarted, over and over: every completed sweep stays in the history."""
     state = tmp_path / "state"
     config = fake_config(interval="2s") + f"history: {{directory: {state}}}\n"
     completed = 0
@@ -225,6 +231,7 @@ def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_
 
 
 def test_history_command_prints_the_runs_and_names_a_missing_history(tmp_path: Path) -> None:
+    """`monitor history` prints the runs and their devices; a missing history is exit 1 with a clear line."""
     history = RunHistory.open(tmp_path, keep_runs=10)
     history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
     history.close()
@@ -336,7 +343,7 @@ def test_the_served_state_carries_its_format_and_an_unversioned_one_still_restor
     _store_state(tmp_path, stored["served"])  # as an earlier release wrote it
     restored = RunHistory.open(tmp_path, keep_runs=10).restore()
     assert restored is not None
-    assert restored[0].latest == SNAPSHOT
+    assert restored[0].latest == FULL_SNAPSHOT
 
 
 def test_a_served_state_from_a_newer_release_is_left_alone_and_said(

@@ -81,6 +81,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
 
 
 def test_head_gzip_and_not_found(server: HttpServer) -> None:
+    """HEAD answers headers only, gzip only when asked and worth it, and an unknown path is 404."""
     status, headers, body = get(server, "/big", "HEAD")
     assert (status, headers["content-length"], body) == (200, str(len(BIG)), b"")
     status, headers, body = get(server, "/big", **{"Accept-Encoding": "gzip"})
@@ -93,6 +94,7 @@ def test_head_gzip_and_not_found(server: HttpServer) -> None:
 
 
 def test_silent_and_slowloris_clients_are_closed_at_the_deadline_while_others_are_served(server: HttpServer) -> None:
+    """Silent and trickling clients are closed at the request deadline while other clients are served meanwhile."""
     silent = [connect(server) for _ in range(5)]
     trickling = connect(server)
     trickling.sendall(b"GET / HTTP/1.1\r\n")
@@ -109,6 +111,7 @@ def test_silent_and_slowloris_clients_are_closed_at_the_deadline_while_others_ar
 
 
 def test_a_full_server_evicts_waiting_connections_for_new_ones(server: HttpServer) -> None:
+    """At max_connections, each new client takes the place of the oldest idle connection."""
     idle = [connect(server) for _ in range(LIMITS.max_connections)]
     time.sleep(0.2)
     for _ in range(5):  # each new client takes the place of the oldest silent one
@@ -120,6 +123,7 @@ def test_a_full_server_evicts_waiting_connections_for_new_ones(server: HttpServe
 
 
 def test_when_every_connection_is_busy_a_new_one_gets_503(slow: Slow) -> None:
+    """With every worker busy answering, a new request gets 503; once they finish, 200 again."""
     limits = HttpLimits(max_connections=2, workers=2, request_timeout_s=5)
     server = HttpServer("127.0.0.1", 0, slow, limits=limits)
     server.start()
@@ -140,6 +144,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503(slow: Slow) -> None:
 
 
 def test_oversized_head_and_body_are_refused(server: HttpServer) -> None:
+    """A head over max_header_bytes is 431, a body over max_body_bytes 413."""
     status, _, _ = get(server, "/", **{"X-Padding": "a" * (LIMITS.max_header_bytes + 10)})
     assert status == 431
     client = http.client.HTTPConnection(*server.address, timeout=5)
@@ -149,6 +154,7 @@ def test_oversized_head_and_body_are_refused(server: HttpServer) -> None:
 
 
 def test_keep_alive_serves_several_requests_then_idles_out(server: HttpServer) -> None:
+    """One kept-alive connection serves several requests, then is closed after the idle timeout."""
     client = http.client.HTTPConnection(*server.address, timeout=5)
     for _ in range(3):
         client.request("GET", "/")
@@ -159,6 +165,7 @@ def test_keep_alive_serves_several_requests_then_idles_out(server: HttpServer) -
 
 
 def test_stop_lets_an_answer_in_progress_finish(slow: Slow) -> None:
+    """stop() lets an answer in progress finish, then accepts no new connection."""
     server = HttpServer("127.0.0.1", 0, slow, limits=LIMITS)
     server.start()
     answered: list[int] = []
@@ -174,6 +181,7 @@ def test_stop_lets_an_answer_in_progress_finish(slow: Slow) -> None:
 
 
 def test_a_taken_port_is_an_oserror_at_construction(server: HttpServer, slow: Slow) -> None:
+    """A port already taken is an OSError when the server is built, not later."""
     with pytest.raises(OSError):
         HttpServer("127.0.0.1", server.address[1], slow)
 

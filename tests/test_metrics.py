@@ -7,21 +7,18 @@ import dataclasses
 from monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
 from monitor.model import (
     CostModel,
-    Crossover,
-    CrossoverState,
     DeviceInfo,
     HardwareContext,
     Measurement,
-    PointKey,
+    Role,
     Snapshot,
-    StopReason,
     SweepOutcome,
     SweepResult,
-    Timing,
     Withheld,
     WithheldReason,
 )
 from monitor.state import StateStore
+from tests import builders
 from tests.service import parse
 
 CPU = DeviceInfo(backend="tensorflow", device="/CPU:0", kind="cpu", name="cpu", details=(("threads", "4"),))
@@ -33,39 +30,18 @@ PAIR = {"backend": "tensorflow", "gpu": "/GPU:0", "cpu": "/CPU:0", "dtype": "flo
 
 
 def _snapshot(at: float) -> Snapshot:
-    timing = Timing(
-        median_s=2e-3, iqr_s=1e-4, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False
-    )
-    key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
-    crossover = Crossover(
-        backend=PAIR["backend"],
-        gpu=PAIR["gpu"],
-        cpu=PAIR["cpu"],
-        dtype=PAIR["dtype"],
-        mode="compute",
-        state=CrossoverState.FOUND,
-        size=300.0,
-        lower=256,
-        upper=512,
-        ci_lower=280.0,
-        ci_upper=330.0,
-    )
-    probe = Measurement(
-        key=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1),
-        timing=timing,
-        role="probe",
-    )
-    refined = Measurement(
-        key=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=362),
-        timing=timing,
-        role="refine",
-    )
-    return Snapshot(
+    """A sweep ending at ``at``: the GPU's points (a swept size, the n=1 probe, a refined size), n*, a cost model."""
+
+    def point(size: int, role: Role = "sweep") -> Measurement:
+        return builders.measurement("/GPU:0", size, 2e-3, backend="tensorflow", role=role, iqr_s=1e-4)
+
+    found = builders.crossover(backend="tensorflow", size=300.0, lower=256, upper=512, ci_lower=280.0, ci_upper=330.0)
+    return builders.snapshot(
+        (CPU, GPU),
+        (point(1024), point(1, "probe"), point(362, "refine")),
         started_at=at - 10,
         finished_at=at,
-        devices=(CPU, GPU),
-        measurements=(Measurement(key=key, timing=timing), probe, refined),
-        crossovers=(crossover,),
+        crossovers=(found,),
         costs=(
             CostModel(
                 backend="tensorflow",
@@ -206,7 +182,7 @@ def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_o
     from monitor.model import DeviceFailure  # noqa: PLC0415
 
     snapshot = _snapshot(100)
-    key = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=1024)
+    key = builders.point_key("/GPU:0", 1024, backend="tensorflow")
     broken = dataclasses.replace(
         snapshot,
         measurements=tuple(m for m in snapshot.measurements if m.key.device != "/GPU:0"),

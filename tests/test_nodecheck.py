@@ -49,6 +49,7 @@ def start(tmp_path: Path) -> Iterator[StartService]:
 
 
 def test_a_problem_from_either_source_wins_then_unknown() -> None:
+    """Combining verdicts: a problem from either source wins, then unknown, and ok only where both are ok."""
     ok, problem, unknown = (
         Verdict(Status.OK, "ok: /GPU:0 working"),
         Verdict(Status.PROBLEM, "problem: MatmulDeviceDown (/GPU:0)"),
@@ -108,6 +109,7 @@ def test_results_left_old_by_failing_sweeps_are_unknown_though_the_next_sweep_is
 
 @pytest.mark.slow
 def test_a_working_gpu_is_ok_and_a_failing_one_is_a_problem(start: StartService) -> None:
+    """Against a running service: a GPU that worked is ok (exit 0), one that failed its sweep a problem (exit 1)."""
     working = start(fake_config("curve"))
     failing = start(fake_config("broken_gpu"))
     working.wait_for_sweeps("success")
@@ -122,6 +124,7 @@ def test_a_working_gpu_is_ok_and_a_failing_one_is_a_problem(start: StartService)
 
 @pytest.mark.slow
 def test_no_service_no_sweep_yet_and_stale_results_are_unknown(start: StartService) -> None:
+    """No service, no finished sweep yet, or a last success older than --max-age: unknown (exit 2), saying which."""
     status, message = node_check("--url", f"http://127.0.0.1:{free_port()}/metrics")
     assert status == 2
     assert message.startswith("unknown: crossover-monitor not read: cannot fetch")
@@ -138,6 +141,7 @@ def test_no_service_no_sweep_yet_and_stale_results_are_unknown(start: StartServi
 
 
 def test_bad_flags_are_unknown_with_the_reason() -> None:
+    """A bad flag is unknown (exit 2) with what is wrong, never a traceback."""
     assert node_check("--timeout", "soon") == (
         2,
         "unknown: --timeout must be a duration from 1ms to 1d such as 10s or 2h, got 'soon'",

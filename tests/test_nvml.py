@@ -210,3 +210,16 @@ def test_identity_is_the_drivers_uuid_and_long_pci_bus_id_and_never_a_crash(monk
     fake.nvmlDeviceGetUUID = mismatch
     with pytest.raises(GuardUnavailable, match="NVMLLibraryMismatchError"):
         nvml.NvmlProbe().identity(GPU)
+
+
+def test_nvml_index_follows_cuda_visible_devices() -> None:
+    """Framework ordinals map through CUDA_VISIBLE_DEVICES to NVML indices or UUIDs; MIG is refused clearly."""
+    gpu = DeviceInfo(backend="torch", device="cuda:1", kind="gpu", name="H200")
+    assert nvml.nvml_index(gpu, None) == 1
+    assert nvml.nvml_index(gpu, "3,5") == 5
+    assert nvml.nvml_index(gpu, "GPU-aaa,GPU-bbb") == "GPU-bbb"
+    with pytest.raises(GuardUnavailable, match="MIG"):
+        nvml.nvml_index(gpu, "0,MIG-xyz")
+    with pytest.raises(GuardUnavailable, match="not in CUDA_VISIBLE_DEVICES"):
+        nvml.nvml_index(gpu, "0")
+    assert nvml.clock_event_names(0x1 | 0x4 | 0x40) == ("sw_power_cap", "hw_thermal_slowdown")

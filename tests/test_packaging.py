@@ -60,6 +60,7 @@ def test_the_wheel_holds_the_package_and_its_entry_point(built: Path) -> None:
 
 
 def test_the_sdist_carries_the_license_and_readme(built: Path) -> None:
+    """The sdist holds the licence, the README, pyproject.toml and the package's sources."""
     (sdist,) = built.glob(f"crossover_monitor-{__version__}.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}

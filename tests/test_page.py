@@ -18,9 +18,9 @@ from monitor.metrics import build_registry
 from monitor.model import GPU_PROBLEM, ServiceState, Snapshot, SweepOutcome, SweepResult, Withheld, WithheldReason
 from monitor.server import MetricsServer
 from monitor.settings import Settings
+from tests.builders import FULL_SNAPSHOT
 from tests.conftest import tool
 from tests.service import RunningService, fake_config, http_get, wait_until
-from tests.test_codec import SNAPSHOT
 
 NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
 DRAWN = page.PictureState.DRAWN
@@ -88,6 +88,7 @@ def browse(url: str, profile: Path) -> str:
 
 @pytest.mark.slow
 def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path) -> None:
+    """In a real Chromium the page shows the settings, the crossovers, the runs and the drawn chart."""
     config = fake_config() + f"history: {{directory: {tmp_path / 'state'}}}\n"
     service = RunningService(tmp_path, config)
     try:
@@ -114,10 +115,11 @@ def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path)
 
 
 def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
+    """Served values are HTML-escaped; without the plot extra the page says what to install."""
     hostile = Withheld(
         backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="<script>alert(1)</script>"
     )
-    state = ServiceState(latest=dataclasses.replace(SNAPSHOT, withheld=(hostile,)))
+    state = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, withheld=(hostile,)))
     rendered = page.render(Settings(), state, [], picture=NO_PLOT, now=0.0, version="x")
     assert "<script>" not in rendered
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
@@ -128,7 +130,7 @@ def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
 def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
     """Where the backend found no GPU, the page says why under the crossovers (escaped), and also without any."""
     reason = "CUDA_VISIBLE_DEVICES='<-1>' hides every GPU from this process: unset it"
-    latest = dataclasses.replace(SNAPSHOT, environment=(*SNAPSHOT.environment, (GPU_PROBLEM, reason)))
+    latest = dataclasses.replace(FULL_SNAPSHOT, environment=(*FULL_SNAPSHOT.environment, (GPU_PROBLEM, reason)))
     rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
     assert "<p id='no-gpu'>No GPU: CUDA_VISIBLE_DEVICES=&#x27;&lt;-1&gt;&#x27; hides every GPU" in rendered
     assert rendered.index("id='crossovers'") < rendered.index("id='no-gpu'")
@@ -136,11 +138,12 @@ def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
     alone_page = page.render(Settings(), ServiceState(latest=alone), [], picture=NO_PLOT, now=0.0, version="x")
     assert "id='no-gpu'" in alone_page
     assert "id='no-gpu'" not in page.render(
-        Settings(), ServiceState(latest=SNAPSHOT), [], picture=NO_PLOT, now=0.0, version="x"
+        Settings(), ServiceState(latest=FULL_SNAPSHOT), [], picture=NO_PLOT, now=0.0, version="x"
     )
 
 
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
+    """The runs table comes from the history, or without one from the latest outcome alone."""
     run = Run(
         kind="retry",
         started_at=10.0,
@@ -151,7 +154,7 @@ def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
         crossovers=(),
     )
     parsed = Elements()
-    parsed.feed(page.render(Settings(), ServiceState(latest=SNAPSHOT), [run], picture=DRAWN, now=0.0, version="x"))
+    parsed.feed(page.render(Settings(), ServiceState(latest=FULL_SNAPSHOT), [run], picture=DRAWN, now=0.0, version="x"))
     assert parsed.tables["runs"][1] == ["1970-01-01 00:00:10 UTC", "4.5 s", "retry", "failed", run.reason]
     assert parsed.by_id["sweep"]["src"] == "/sweep.svg"
     outcome = SweepOutcome(result=SweepResult.TIMEOUT, started_at=1.0, finished_at=601.0, reason="deadline passed")
@@ -171,8 +174,9 @@ def _drawn(picture: page.SweepPicture, state: ServiceState) -> page.Picture:
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
+    """The chart is drawn once per sweep, in a child process: matplotlib stays out of the daemon."""
     picture = page.SweepPicture()
-    state = ServiceState(latest=SNAPSHOT)
+    state = ServiceState(latest=FULL_SNAPSHOT)
     drawn = _drawn(picture, state)
     assert drawn.state is page.PictureState.DRAWN
     assert drawn.svg is not None
@@ -182,8 +186,8 @@ def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
     # Drawing it leaves matplotlib out of the process that asked (the daemon).
     probe = (
         "import sys; from monitor import page; from monitor.model import ServiceState; "
-        "from tests.test_codec import SNAPSHOT; from tests.test_page import _drawn; "
-        "assert _drawn(page.SweepPicture(), ServiceState(latest=SNAPSHOT)).svg; "
+        "from tests.builders import FULL_SNAPSHOT; from tests.test_page import _drawn; "
+        "assert _drawn(page.SweepPicture(), ServiceState(latest=FULL_SNAPSHOT)).svg; "
         "print('matplotlib' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
@@ -206,32 +210,35 @@ class _HeldDrawing:
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep_once() -> None:
+    """Asking for the chart never waits for the drawing, and each sweep is drawn once however often asked."""
     drawing = _HeldDrawing()
     picture = page.SweepPicture(drawing)
-    state = ServiceState(latest=SNAPSHOT)
+    state = ServiceState(latest=FULL_SNAPSHOT)
     asked = time.monotonic()
     assert [picture.look(state).state for _ in range(3)] == [page.PictureState.DRAWING] * 3
     assert time.monotonic() - asked < 5  # the drawing is held for up to 30 s
     drawing.release.set()
     assert _drawn(picture, state) == page.Picture(page.PictureState.DRAWN, b"<svg/>")
-    newer = ServiceState(latest=dataclasses.replace(SNAPSHOT, finished_at=SNAPSHOT.finished_at + 900))
+    newer = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, finished_at=FULL_SNAPSHOT.finished_at + 900))
     assert _drawn(picture, newer).state is page.PictureState.DRAWN
-    assert drawing.drew == [SNAPSHOT.finished_at, SNAPSHOT.finished_at + 900]  # once each
+    assert drawing.drew == [FULL_SNAPSHOT.finished_at, FULL_SNAPSHOT.finished_at + 900]  # once each
 
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep() -> None:
+    """A chart that cannot be drawn is reported as failed and not tried again for the same sweep."""
     drawing = _HeldDrawing(result=None)
     drawing.release.set()
     picture = page.SweepPicture(drawing)
-    state = ServiceState(latest=SNAPSHOT)
+    state = ServiceState(latest=FULL_SNAPSHOT)
     assert _drawn(picture, state).state is page.PictureState.FAILED
     assert picture.look(state).state is page.PictureState.FAILED
-    assert drawing.drew == [SNAPSHOT.finished_at]
+    assert drawing.drew == [FULL_SNAPSHOT.finished_at]
 
 
 def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
-    state = ServiceState(latest=SNAPSHOT)
+    """While the chart is drawn the page says so and reloads itself; once drawn or failed it does not."""
+    state = ServiceState(latest=FULL_SNAPSHOT)
     drawing = page.render(Settings(), state, [], picture=page.PictureState.DRAWING, now=0.0, version="x")
     assert "<meta http-equiv='refresh'" in drawing
     assert "id='drawing'" in drawing
@@ -253,6 +260,7 @@ def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
     ],
 )
 def test_sweep_svg_answers_where_the_picture_stands(looked: page.Picture, status: int, says: str) -> None:
+    """/sweep.svg answers by where the chart stands: the SVG, or a status that says why not."""
     registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
     server = MetricsServer(
         "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), picture=lambda: looked

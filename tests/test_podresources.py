@@ -112,6 +112,7 @@ def kubelet() -> Iterator[Callable[[Callable[[bytes, grpc.ServicerContext], byte
 
 
 def test_the_pods_holding_each_gpu_are_read_from_the_kubelet(kubelet: Any) -> None:
+    """The kubelet's allocations name the pods holding each GPU by UUID; a replica id or a free GPU names none."""
     answer = _node_with_two_jobs()
     requests: list[bytes] = []
 
@@ -133,6 +134,8 @@ def test_the_pods_holding_each_gpu_are_read_from_the_kubelet(kubelet: Any) -> No
 
 
 def test_a_kubelet_that_refuses_or_is_absent_is_a_clear_error(kubelet: Any, tmp_path: Path) -> None:
+    """A kubelet that refuses, a missing socket or a garbled answer is PodResourcesUnavailable saying which."""
+
     def refuse(_: bytes, context: grpc.ServicerContext) -> bytes:
         context.abort(grpc.StatusCode.PERMISSION_DENIED, "no")
         raise AssertionError("abort raises")
@@ -181,6 +184,7 @@ def test_the_kubelet_is_asked_again_only_once_its_answer_is_old(kubelet: Any) ->
 
 
 def test_decoding_skips_fields_it_does_not_know_and_rejects_truncated_input() -> None:
+    """The protobuf decoder skips unknown fields and rejects truncated input and unsupported wire types."""
     assert decode_list_response(b"") == []
     # An unknown varint field (number 9) and an unknown fixed32 (number 10) before the pods: skipped.
     assert decode_list_response(b"\x48\x01\x55\x00\x00\x00\x00" + _node_with_two_jobs())[0].pod == "train-7"

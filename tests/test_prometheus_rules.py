@@ -44,6 +44,7 @@ def test_rules_file_passes_promtool_check() -> None:
 
 
 def test_there_are_rule_unit_tests() -> None:
+    """tests/prometheus holds the promtool unit tests of the rules (at least nine files)."""
     assert len(_unit_test_files()) >= 9, "promtool unit tests missing from tests/prometheus"
 
 

@@ -9,16 +9,15 @@ from monitor.model import (
     DeviceInfo,
     HardwareContext,
     Measurement,
-    PointKey,
     StopReason,
-    Timing,
     Withheld,
     WithheldReason,
 )
 from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode, encode
 from monitor.settings import BenchmarkSettings, GuardSettings
+from tests.builders import point_key, timing
 
-KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end_to_end", size=512)
+KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")
 
 
 @pytest.mark.parametrize(
@@ -30,8 +29,8 @@ KEY = PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="end
         ),
         Measurement(
             key=KEY,
-            timing=Timing(
-                median_s=1e-3,
+            timing=timing(
+                1e-3,
                 iqr_s=1e-5,
                 blocks=7,
                 calls_per_block=3,

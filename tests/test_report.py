@@ -18,6 +18,7 @@ def _rows(table: str, device: str) -> list[str]:
 
 
 def test_the_gpu_rows_show_cpu_time_over_gpu_time_and_the_cpu_rows_none() -> None:
+    """A GPU row's speed-up is its own backend's CPU time over its time at that size; a CPU row shows none."""
     points = [
         measurement("/CPU:0", 64, 1e-3),
         measurement("/GPU:0", 64, 2.5e-4),

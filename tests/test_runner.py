@@ -1,4 +1,4 @@
-"""The worker's runner: fixed-cost probe, crossover refinement in visits and CPU skipping, on a known curve."""
+"""The worker's runner: fixed-cost probe, crossover refinement in visits, CPU skipping and retries, on a known curve."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from monitor.settings import RefineSettings
 from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
 from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
+from tests.guardfakes import IDLE, JOB, FakeProbe, fake_guard, run_guarded, timed_on, withheld_in
 
 
 def _run(plan: Plan) -> tuple[list[DeviceInfo], list[Measurement]]:
@@ -281,3 +282,32 @@ def test_a_failed_visit_takes_its_round_back_so_visits_stay_paired() -> None:
         assert counts[size]["/CPU:0"] == counts[size]["/GPU:0"] == 2, (size, counts[size])
     (crossover,) = crossovers([m for m in messages if isinstance(m, DeviceInfo)], latest.values())
     assert crossover.state is CrossoverState.FOUND
+
+
+def _retry_plan(devices: tuple[str, ...] | None = None) -> Plan:
+    """A retry of the known curves in compute mode, of ``devices`` (all found by default)."""
+    return dataclasses.replace(make_plan("tests.fakes:curve", modes=("compute",), devices=devices), retry=True)
+
+
+def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
+    """A retry looks at the GPUs first: all still busy, so not even the CPU is timed (no load on the node)."""
+    busy = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    backend, messages = run_guarded(fake_guard(busy), _retry_plan())
+    assert withheld_in(messages)
+    assert backend.blocks == {}
+
+
+def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
+    """A retry whose GPU turns out busy after its first point times no further CPU point."""
+    probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
+    _, messages = run_guarded(fake_guard(probe), _retry_plan())
+    assert withheld_in(messages)
+    assert len(timed_on(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
+
+
+def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
+    """A named device missing from a retry is a failure, but not a fatal one (a GPU reset heals)."""
+    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE)), _retry_plan(devices=("/CPU:0", "/GPU:7")))
+    (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
+    assert failure.device == "/GPU:7"
+    assert not failure.fatal

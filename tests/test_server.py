@@ -138,6 +138,7 @@ def test_accept_headers_with_endless_versions_share_two_renderings() -> None:
     ],
 )
 def test_odd_accept_headers_get_a_normal_answer(accept: str, openmetrics: bool) -> None:
+    """Odd Accept headers get a 200 (never a 500 or a dropped connection): OpenMetrics only where it is acceptable."""
     server = started_server(ServiceState)
     try:
         host, port = server.address

@@ -63,6 +63,7 @@ SAME_RULE: list[tuple[dict[str, Any], Callable[[], object], str]] = [
 def test_the_reader_and_code_break_a_rule_in_the_same_words(
     document: dict[str, Any], build: Callable[[], object], section: str
 ) -> None:
+    """A rule broken in YAML and the same rule broken in code give the same message, with the key's path."""
     with pytest.raises(ConfigError) as read:
         settings_from_mapping(document)
     (problem,) = read.value.problems
@@ -75,12 +76,14 @@ def test_the_reader_and_code_break_a_rule_in_the_same_words(
 
 
 def test_code_built_sizes_must_be_ascending_where_the_reader_sorts_them() -> None:
+    """The reader sorts the sizes it reads; sizes built in code out of order are refused."""
     assert settings_from_mapping({"benchmark": {"sizes": [100, 10]}}).benchmark.sizes == (10, 100)
     with pytest.raises(ValueError, match="sizes: must be in ascending order"):
         BenchmarkSettings(sizes=(100, 10))
 
 
 def test_every_problem_of_a_list_is_named_by_its_index() -> None:
+    """Every bad entry of a list is reported at once, each named by its index."""
     with pytest.raises(ConfigError) as read:
         settings_from_mapping({"benchmark": {"sizes": [10, -1, 10, "x"], "devices": ["cpu:0", "/CPU:0", "/GPU:0"]}})
     assert [str(p) for p in read.value.problems] == [
@@ -101,6 +104,7 @@ def test_a_default_standing_in_for_a_broken_rule_cannot_break_another() -> None:
 
 
 def test_auto_and_null_read_as_the_default_and_the_cron_line_replaces_the_interval() -> None:
+    """`auto` and null read as the default; a cron line replaces the interval."""
     read = settings_from_mapping(
         {"schedule": {"cron": "0 3 * * *"}, "benchmark": {"devices": "auto", "cpu_threads": "auto", "timeout": None}}
     )

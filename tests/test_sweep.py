@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from monitor.model import CrossoverState, SweepResult
+from monitor.model import CrossoverState, Snapshot, SweepResult
 from monitor.protocol import Plan
 from monitor.sweep import SubprocessWorker, Worker, run_sweep
 from tests.conftest import make_plan, with_bench
@@ -69,46 +69,42 @@ def test_crashed_worker_fails_the_sweep_with_its_exit_status() -> None:
     assert outcome.snapshot is None
 
 
+def _failed_keeping_the_cpu(plan: Plan) -> tuple[str, Snapshot]:
+    """Run a sweep that must fail with the CPU's timings still served; its reason and snapshot."""
+    outcome = run_sweep(plan, timeout_s=30, cancel=threading.Event())
+    assert outcome.result is SweepResult.FAILED
+    assert outcome.snapshot is not None, outcome.reason
+    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    return outcome.reason, outcome.snapshot
+
+
 def test_failed_gpu_keeps_cpu_results_and_fails_the_sweep() -> None:
     """A GPU error leaves the CPU's timings in the snapshot, records why, and marks the sweep failed."""
-    outcome = run_sweep(make_plan("tests.fakes:broken_gpu"), timeout_s=30, cancel=threading.Event())
-    assert outcome.result is SweepResult.FAILED
-    assert "CUDA_ERROR_ECC_UNCORRECTABLE" in outcome.reason
-    assert outcome.snapshot is not None
-    assert outcome.snapshot.measured_devices == {"/CPU:0"}
-    assert [f.device for f in outcome.snapshot.failures] == ["/GPU:0"]
+    reason, snapshot = _failed_keeping_the_cpu(make_plan("tests.fakes:broken_gpu"))
+    assert "CUDA_ERROR_ECC_UNCORRECTABLE" in reason
+    assert [f.device for f in snapshot.failures] == ["/GPU:0"]
 
 
 def test_gpu_failing_mid_sweep_keeps_no_points_and_no_crossover() -> None:
     """A GPU that fails after some sizes loses all its points: no crossover from a truncated curve."""
-    outcome = run_sweep(make_plan("tests.fakes:late_failing_gpu"), timeout_s=30, cancel=threading.Event())
-    assert outcome.result is SweepResult.FAILED
-    assert "/GPU:0" in outcome.reason
-    assert outcome.snapshot is not None
-    assert outcome.snapshot.measured_devices == {"/CPU:0"}
-    assert outcome.snapshot.crossovers == ()
-    assert all(c.device == "/CPU:0" for c in outcome.snapshot.costs)
+    reason, snapshot = _failed_keeping_the_cpu(make_plan("tests.fakes:late_failing_gpu"))
+    assert "/GPU:0" in reason
+    assert snapshot.crossovers == ()
+    assert all(c.device == "/CPU:0" for c in snapshot.costs)
 
 
 def test_plugin_bug_fails_its_device_not_the_sweep() -> None:
     """An unexpected exception from a backend fails that device with its type named; the CPU's results stay."""
-    outcome = run_sweep(make_plan("tests.fakes:buggy"), timeout_s=30, cancel=threading.Event())
-    assert outcome.result is SweepResult.FAILED
-    assert outcome.snapshot is not None
-    assert outcome.snapshot.measured_devices == {"/CPU:0"}
-    assert "unexpected ZeroDivisionError" in outcome.reason
+    reason, _ = _failed_keeping_the_cpu(make_plan("tests.fakes:buggy"))
+    assert "unexpected ZeroDivisionError" in reason
 
 
 def test_missing_expected_gpu_fails_the_sweep_and_is_named() -> None:
     """With expect_gpus=1 and no GPU found, the sweep fails and 'expected-gpu-0' is reported down."""
-    plan = with_bench(make_plan("tests.fakes:cpu_only"), expect_gpus=1)
-    outcome = run_sweep(plan, timeout_s=30, cancel=threading.Event())
-    assert outcome.result is SweepResult.FAILED
-    assert "expected 1 GPU(s)" in outcome.reason
-    assert "is the driver loaded" in outcome.reason  # a backend that cannot tell why: the question to check
-    assert outcome.snapshot is not None
-    assert [f.device for f in outcome.snapshot.failures] == ["expected-gpu-0"]
-    assert outcome.snapshot.measured_devices == {"/CPU:0"}
+    reason, snapshot = _failed_keeping_the_cpu(with_bench(make_plan("tests.fakes:cpu_only"), expect_gpus=1))
+    assert "expected 1 GPU(s)" in reason
+    assert "is the driver loaded" in reason  # a backend that cannot tell why: the question to check
+    assert [f.device for f in snapshot.failures] == ["expected-gpu-0"]
 
 
 def test_cancelled_before_start_launches_no_worker() -> None:

@@ -105,6 +105,7 @@ basic_auth_users: {{prometheus: "{hashed()}"}}
 
 
 def test_every_problem_in_a_web_config_is_named(tmp_path: Path) -> None:
+    """Every problem of a web config is named in one error: TLS, headers, users and unknown keys."""
     config = write_config(
         tmp_path,
         """
@@ -138,6 +139,7 @@ extra: 1
 def test_tls_with_basic_auth_and_open_probes(
     tls_server: tuple[MetricsServer, Path], pki: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Over TLS, /metrics needs basic auth (401 without, no password logged); the probes need none."""
     server, _ = tls_server
     port = server.address[1]
     status, headers, body = https_get(port, "/metrics", pki, authorization=basic("prometheus", PASSWORD))
@@ -167,6 +169,7 @@ def test_the_images_healthcheck_passes_over_tls(tls_server: tuple[MetricsServer,
 
 
 def test_a_client_that_never_handshakes_blocks_nobody(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
+    """Clients that connect and never finish the TLS handshake do not hold up other scrapes."""
     server, _ = tls_server
     port = server.address[1]
     stuck = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
@@ -213,6 +216,7 @@ def _served_subject(port: int, pki: Path) -> str:
 
 
 def test_a_renewed_certificate_is_served_without_a_restart(tls_server: tuple[MetricsServer, Path], pki: Path) -> None:
+    """A certificate renewed in place on disk is served without a restart."""
     server, directory = tls_server
     port = server.address[1]
     assert _served_subject(port, pki) == "server"
@@ -225,6 +229,7 @@ def test_a_renewed_certificate_is_served_without_a_restart(tls_server: tuple[Met
 
 
 def test_client_certificates_required_and_verified(pki: Path, tmp_path: Path) -> None:
+    """With RequireAndVerifyClientCert a client with a certificate from the CA is served, one without is refused."""
     config = write_config(
         tmp_path,
         f"""
@@ -247,6 +252,7 @@ tls_server_config:
 
 
 def test_lifecycle_api_off_by_default_and_behind_auth(pki: Path, tmp_path: Path) -> None:
+    """The lifecycle API is off by default (403) and behind basic auth when on; sweep and reload say their outcome."""
     calls: list[str] = []
     running = threading.Event()
 
@@ -283,6 +289,7 @@ def test_lifecycle_api_off_by_default_and_behind_auth(pki: Path, tmp_path: Path)
 
 @pytest.mark.slow
 def test_service_with_web_config_and_lifecycle_flags(tmp_path: Path) -> None:
+    """The service with --web.config.file and --web.enable-lifecycle: auth, manual sweep, refused reload, bad config."""
     web = write_config(tmp_path, f'basic_auth_users: {{ops: "{hashed()}"}}\n')
     service = RunningService(tmp_path, fake_config(), ("--web.config.file", str(web), "--web.enable-lifecycle"))
     try:
