@@ -12,8 +12,8 @@ end_to_end block (``TorchBackend.prepare``) call by call after four precondition
 
 After each, 400 single calls are timed (medians per window of calls), then, after the same
 precondition again, the service's ``measure`` with its default settings. SM clock and PCIe link
-are read through NVML before and after. Then the guard's own cost: ``NvmlProbe.sample`` and the
-host meter's start/stop, 200 times each (the probe on an empty GPU, then with this process's context on
+are read through NVML before and after. Then the guard's own cost: ``NvmlSampler.sample`` and the
+host meter's start/stop, 200 times each (the sampler on an empty GPU, then with this process's context on
 it), and one sample in full (do the violation counters answer?). ``--sizes ''`` measures the cost alone.
 
     python3 benchmarks/e2e_ramp.py --threads 15 --out results/e2e-ramp.json
@@ -105,12 +105,12 @@ def ramp(n: int, threads: int, repeats: int) -> dict[str, Any]:
 def guard_cost(threads: int) -> dict[str, Any]:
     from monitor.bench.contract import BackendOptions  # noqa: PLC0415
     from monitor.bench.hostinfo import ProcStatMeter  # noqa: PLC0415
-    from monitor.bench.nvml import NvmlProbe  # noqa: PLC0415
+    from monitor.bench.nvml import NvmlSampler  # noqa: PLC0415
     from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
 
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     gpu = next(d for d in backend.discover() if d.kind == "gpu")
-    probe, meter = NvmlProbe(), ProcStatMeter()
+    sampler, meter = NvmlSampler(), ProcStatMeter()
 
     def timed(call: Any, times: int = 200) -> dict[str, float]:
         spent = []
@@ -125,13 +125,13 @@ def guard_cost(threads: int) -> dict[str, Any]:
             "max_us": round(spent[-1] * 1e6, 1),
         }
 
-    listed_before = len(probe.sample(gpu).processes)  # 0: the per-process samples are skipped
-    empty = timed(lambda: probe.sample(gpu))
+    listed_before = len(sampler.sample(gpu).processes)  # 0: the per-process samples are skipped
+    empty = timed(lambda: sampler.sample(gpu))
     backend.prepare(gpu, 256, "float32", "compute")(1)  # this process's context on it, as the worker's is
-    sample = probe.sample(gpu)
+    sample = sampler.sample(gpu)
     return {
         "nvml_sample_empty_gpu": {**empty, "processes_listed": listed_before},
-        "nvml_sample": timed(lambda: probe.sample(gpu)),
+        "nvml_sample": timed(lambda: sampler.sample(gpu)),
         "host_meter_start_stop": timed(lambda: meter.stop(meter.start())),
         "one_sample": {k: (str(v) if k == "processes" else v) for k, v in sample.__dict__.items()},
     }

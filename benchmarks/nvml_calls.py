@@ -1,4 +1,4 @@
-"""What one look of the guard costs, call by call: each NVML call NvmlProbe.sample makes, timed 100 times.
+"""What one look of the guard costs, call by call: each NVML call NvmlSampler.sample makes, timed 100 times.
 
 python3 benchmarks/nvml_calls.py > results/nvml-calls.json
 """

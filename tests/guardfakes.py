@@ -1,6 +1,6 @@
 """Fakes for the interference guard's tests: a scripted NVML, a scripted host meter, and the real runner on a thread.
 
-``FakeProbe`` answers per look as its script says; ``run_guarded`` runs the real runner under a guard
+``FakeSampler`` answers per look as its script says; ``run_guarded`` runs the real runner under a guard
 built on it, and ``sweep_with`` a whole sweep (the real runner and sweep), for the guard's tests, the
 runner's retries, and what the service does with a withheld device (carry-over, retries).
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.guard import GpuProbe, GpuProcess, GpuSample, Guard, GuardUnavailable, HostLoad
+from monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
 from monitor.bench.runner import run_plan
 from monitor.model import DeviceInfo, Measurement, Mode, SweepOutcome, SweepResult, Withheld
 from monitor.protocol import Message, Plan
@@ -28,7 +28,7 @@ IDLE = GpuSample(processes=(GpuProcess(pid=OWN_PID),), utilization_pct=0.0, sm_c
 JOB = GpuProcess(pid=4242, name="train.py")
 
 
-class FakeProbe:
+class FakeSampler:
     """A fake NVML: ``script(look_number)`` says what the GPU looks like at each look."""
 
     def __init__(self, script: Callable[[int], GpuSample]) -> None:
@@ -43,7 +43,7 @@ class FakeProbe:
         return {"uuid": f"GPU-fake-{device.device}", "pci_bus_id": "00000000:18:00.0"}
 
 
-class FailingProbe:
+class FailingSampler:
     def sample(self, device: DeviceInfo) -> GpuSample:
         raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
 
@@ -99,7 +99,7 @@ class FakeHost:
 
 
 def fake_guard(
-    probe: GpuProbe | None,
+    sampler: GpuSampler | None,
     host: FakeHost | None = None,
     pods: Callable[[str], list[str]] | None = None,
     **settings: Any,
@@ -107,8 +107,8 @@ def fake_guard(
     sleeps: list[float] = []
     return Guard(
         GuardSettings(**settings),
-        gpu_probe=probe,
-        gpu_probe_problem="nvidia-ml-py is not installed",
+        gpu_sampler=sampler,
+        gpu_sampler_problem="nvidia-ml-py is not installed",
         host=host,
         own_pid=OWN_PID,
         sleep=sleeps.append,
@@ -172,6 +172,6 @@ class ThreadWorker:
 
 def sweep_with(script: Callable[[int], GpuSample], plan: Plan | None = None) -> tuple[SweepResult, SweepOutcome]:
     plan = plan or make_plan("tests.fakes:curve", modes=("compute",))
-    guard = fake_guard(FakeProbe(script))
+    guard = fake_guard(FakeSampler(script))
     outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
     return outcome.result, outcome

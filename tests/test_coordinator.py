@@ -11,7 +11,7 @@ import pytest
 from monitor.model import RetryResult, SweepResult
 from monitor.protocol import Plan
 from tests.conftest import free_port
-from tests.guardfakes import IDLE, JOB, FakeProbe, ThreadWorker, fake_guard
+from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     def launch(plan: Plan) -> ThreadWorker:
         launches.append(plan)
         script = (lambda _: busy) if len(launches) == 1 else (lambda _: IDLE)  # the job ends before the retry
-        return ThreadWorker(plan, fake_guard(FakeProbe(script)))
+        return ThreadWorker(plan, fake_guard(FakeSampler(script)))
 
     settings = settings_from_mapping(
         {

@@ -1,6 +1,6 @@
 """The interference guard: busy GPUs are never timed or published, disturbed CPU points are withheld.
 
-The GPU side runs the real runner and sweep against a fake NVML (``FakeProbe``) whose answers are
+The GPU side runs the real runner and sweep against a fake NVML (``FakeSampler``) whose answers are
 scripted per look; the CPU side against a fake host meter, and once for real with another process
 spinning on a core of this machine.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from monitor.bench.guard import CPU_RETRY_PAUSE_S, GpuProbe, GpuProcess, GpuSample, GuardUnavailable, HostLoad
+from monitor.bench.guard import DISTURBED_PAUSE_S, GpuProcess, GpuSample, GpuSampler, GuardUnavailable, HostLoad
 from monitor.bench.podresources import PodResourcesUnavailable
 from monitor.model import (
     CrossoverState,
@@ -39,9 +39,9 @@ from tests.guardfakes import (
     IDLE,
     JOB,
     OWN_PID,
-    FailingProbe,
+    FailingSampler,
     FakeHost,
-    FakeProbe,
+    FakeSampler,
     fake_guard,
     run_guarded,
     sweep_with,
@@ -58,8 +58,8 @@ def _hardware(messages: list[Message], device: str) -> HardwareContext:
 
 def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
     """A job already on the GPU: not one block runs there, and the reason names its process."""
-    probe = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), JOB)))
-    backend, messages = run_guarded(fake_guard(probe))
+    sampler = FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), JOB)))
+    backend, messages = run_guarded(fake_guard(sampler))
     (withheld,) = withheld_in(messages)
     assert withheld.device == "/GPU:0"
     assert withheld.reason is WithheldReason.GPU_BUSY
@@ -70,8 +70,8 @@ def test_gpu_with_another_process_is_withheld_and_never_touched() -> None:
 
 def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
     """Utilisation above gpu_max_utilization before the worker used the GPU means someone else is."""
-    probe = FakeProbe(lambda _: dataclasses.replace(IDLE, utilization_pct=87.0))
-    backend, messages = run_guarded(fake_guard(probe, gpu_max_utilization_pct=10))
+    sampler = FakeSampler(lambda _: dataclasses.replace(IDLE, utilization_pct=87.0))
+    backend, messages = run_guarded(fake_guard(sampler, gpu_max_utilization_pct=10))
     (withheld,) = withheld_in(messages)
     assert "87% utilisation" in withheld.detail
     assert "/GPU:0" not in backend.blocks
@@ -79,8 +79,8 @@ def test_gpu_busier_than_the_threshold_before_it_is_used_is_withheld() -> None:
 
 def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
     """Once the worker has timed the GPU, utilisation is its own and is not held against it."""
-    probe = FakeProbe(lambda look: dataclasses.replace(IDLE, utilization_pct=0.0 if look == 1 else 100.0))
-    _, messages = run_guarded(fake_guard(probe))
+    sampler = FakeSampler(lambda look: dataclasses.replace(IDLE, utilization_pct=0.0 if look == 1 else 100.0))
+    _, messages = run_guarded(fake_guard(sampler))
     assert not withheld_in(messages)
     assert timed_on(messages, "/GPU:0")
 
@@ -88,15 +88,15 @@ def test_own_utilisation_after_its_points_does_not_make_the_gpu_busy() -> None:
 def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
     """A job that starts on a GPU mid-sweep: that GPU busy, and nothing more is timed at all (the CPU yields)."""
     # Looks alternate before/after each point: the job shows up at the look after the third point.
-    probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = run_guarded(fake_guard(probe))
+    sampler = FakeSampler(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
+    _, messages = run_guarded(fake_guard(sampler))
     gpu, cpu = withheld_in(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
     assert "while it was timed" in gpu.detail
     assert (cpu.device, cpu.reason) == ("/CPU:0", WithheldReason.YIELDED)
     assert "job that started on /GPU:0" in cpu.detail
     assert len(timed_on(messages, "/GPU:0")) == 2  # the third point was timed but is not emitted
-    assert probe.looks == 6  # and the GPU is not looked at (or timed) again
+    assert sampler.looks == 6  # and the GPU is not looked at (or timed) again
     cpu_points = len(timed_on(messages, "/CPU:0"))
     assert messages.index(cpu) > max(i for i, m in enumerate(messages) if isinstance(m, Measurement))
     assert cpu_points == 3  # sizes 16, 32, 64 before the job; none after it
@@ -123,10 +123,10 @@ def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
     assert snapshot.withheld_devices == {"/GPU:0"}
 
 
-@pytest.mark.parametrize("probe", [None, FailingProbe()], ids=["nvml-missing", "nvml-failing"])
-def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(probe: GpuProbe | None) -> None:
+@pytest.mark.parametrize("sampler", [None, FailingSampler()], ids=["nvml-missing", "nvml-failing"])
+def test_without_nvml_the_gpu_is_withheld_as_unguarded_with_the_way_out(sampler: GpuSampler | None) -> None:
     """NVML missing or failing: a clear state and reason, never a crash and never an unguarded timing."""
-    backend, messages = run_guarded(fake_guard(probe))
+    backend, messages = run_guarded(fake_guard(sampler))
     (withheld,) = withheld_in(messages)
     assert withheld.reason is WithheldReason.UNGUARDED
     assert "guard.require_nvml: false" in withheld.detail
@@ -144,9 +144,9 @@ def test_in_another_pid_namespace_one_hidden_process_is_the_workers_own() -> Non
     """NVML's host PIDs are not in a container's /proc: one hidden process is the worker's, a second is a job."""
     own = GpuProcess(pid=77001, visible=False)
     job = GpuProcess(pid=77002, visible=False)
-    _, alone = run_guarded(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
+    _, alone = run_guarded(fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(own,)))))
     assert not withheld_in(alone)
-    _, shared = run_guarded(fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
+    _, shared = run_guarded(fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(own, job)))))
     assert withheld_in(shared)
 
 
@@ -162,8 +162,8 @@ def test_under_kubernetes_a_busy_gpu_names_the_pod_the_kubelet_gave_it() -> None
     def kubelet_down(uuid: str) -> list[str]:
         raise PodResourcesUnavailable("the kubelet's pod-resources API at /x.sock: StatusCode.UNAVAILABLE")
 
-    def busy() -> FakeProbe:
-        return FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(own, job)))
+    def busy() -> FakeSampler:
+        return FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(own, job)))
 
     (withheld, *_) = withheld_in(run_guarded(fake_guard(busy(), pods=pods))[1])
     assert withheld.detail.endswith("; allocated to pod ml/train-7")
@@ -185,7 +185,7 @@ def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
     """Where the worker finds itself, a process hidden from its /proc (systemd ProtectProc) is another program."""
     hidden_job = GpuProcess(pid=77002, visible=False)
     _, messages = run_guarded(
-        fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
+        fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), hidden_job))))
     )
     assert withheld_in(messages)
 
@@ -206,7 +206,7 @@ def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -
             pcie_width_max=16,
         )
 
-    _, messages = run_guarded(fake_guard(FakeProbe(script)))
+    _, messages = run_guarded(fake_guard(FakeSampler(script)))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.sm_clock_min_hz == 1.2e9
     assert gpu.clock_events == ("sw_thermal_slowdown",)
@@ -221,10 +221,10 @@ def test_time_held_back_by_a_limit_counts_over_the_points_only() -> None:
         held = totals.get(look, 105.25)  # the second point (looks 3 and 4) ran held back for 0.25 s
         return dataclasses.replace(IDLE, power_limited_s=held, read_at_s=float(look))  # each point lasts 1 s
 
-    probe = FakeProbe(script)
-    _, messages = run_guarded(fake_guard(probe))
+    sampler = FakeSampler(script)
+    _, messages = run_guarded(fake_guard(sampler))
     gpu = _hardware(messages, "/GPU:0")
-    points = probe.looks // 2  # a look before and one after each point
+    points = sampler.looks // 2  # a look before and one after each point
     assert points >= 2
     assert gpu.power_limited_ratio == pytest.approx(0.25 / points)
     assert gpu.thermal_limited_ratio is None  # never read: unknown, not 0
@@ -239,15 +239,15 @@ def test_a_failed_look_never_pairs_a_points_start_with_another_points_end() -> N
             raise GuardUnavailable("NVML_ERROR_UNKNOWN (injected)")
         return dataclasses.replace(IDLE, power_limited_s=totals.get(look, 5.0), read_at_s=float(look))
 
-    _, messages = run_guarded(fake_guard(FakeProbe(script), require_nvml=False))
+    _, messages = run_guarded(fake_guard(FakeSampler(script), require_nvml=False))
     gpu = _hardware(messages, "/GPU:0")
     assert gpu.power_limited_ratio == 0.0  # the points from look 4 on ran clean; looks 1 and 4 never paired
 
 
 def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
-    """Others used a core the worker's threads needed, in the first try and the retry: withheld."""
+    """Others used a core the worker's threads needed, in the first try and when timed again: withheld."""
     host = FakeHost([1.0], cores=4)
-    guard = fake_guard(FakeProbe(lambda _: IDLE), host)
+    guard = fake_guard(FakeSampler(lambda _: IDLE), host)
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     runs: list[int] = []
     verdict = guard.time_cpu_point(device, 4, lambda: runs.append(1))
@@ -257,12 +257,12 @@ def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
     assert len(runs) == 2
 
 
-def test_cpu_point_disturbed_once_stands_after_its_retry() -> None:
-    """A burst that passed: the retry was clean, so the point stands."""
+def test_cpu_point_disturbed_once_stands_once_timed_again() -> None:
+    """A burst that passed: timed again, it was clean, so the point stands."""
     guard = fake_guard(None, FakeHost([1.0, 0.0]))
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     assert guard.time_cpu_point(device, 4, lambda: None) is None
-    assert CPU_RETRY_PAUSE_S > 0
+    assert DISTURBED_PAUSE_S > 0
 
 
 def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
@@ -275,7 +275,7 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
 def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
     """Its time includes the wait: timed again once, then withheld as cpu_contended; the CPU goes on."""
     host = FakeHost([0.0], waits=[0.3])
-    backend, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), host))
+    backend, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE), host))
     (gpu,) = withheld_in(messages)
     assert (gpu.device, gpu.reason) == ("/GPU:0", WithheldReason.CPU_CONTENDED)
     assert "waited for a CPU 30.0% of the time its point ran" in gpu.detail
@@ -285,23 +285,23 @@ def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
     assert backend.blocks["/GPU:0"] > 0
 
 
-def test_gpu_point_that_waited_once_stands_after_its_retry_and_unknown_wait_is_no_reason() -> None:
-    """A burst that passed: the retry was clean. A kernel without schedstat: nothing to go on, nothing withheld."""
-    # Windows: CPU n=1, GPU n=1 (waited), its retry (clean), CPU n=2, GPU n=2 (1%), then clean.
+def test_gpu_point_that_waited_once_stands_once_timed_again_and_unknown_wait_is_no_reason() -> None:
+    """A burst that passed: clean when timed again. A kernel without schedstat: nothing to go on, nothing withheld."""
+    # Windows: CPU n=1, GPU n=1 (waited), timed again (clean), CPU n=2, GPU n=2 (1%), then clean.
     _, messages = run_guarded(
-        fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0]))
+        fake_guard(FakeSampler(lambda _: IDLE), FakeHost([0.0], waits=[0.0, 0.3, 0.0, 0.0, 0.01, 0.0]))
     )
     assert not withheld_in(messages)
     assert len(timed_on(messages, "/GPU:0")) == 5
     assert _hardware(messages, "/GPU:0").host_wait_ratio == 0.01  # the most over the tries that count
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], waits=[None])))
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE), FakeHost([0.0], waits=[None])))
     assert not withheld_in(messages)
     assert _hardware(messages, "/GPU:0").host_wait_ratio is None  # unknown, not 0
 
 
 def test_quota_throttling_of_every_try_is_counted_and_a_throttled_point_timed_again() -> None:
     """Throttled 0.5 s of its first second: timed again (0.01 s, under 2%), and both tries' throttling is kept."""
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE), FakeHost([0.0], throttled=[0.5, 0.01, 0.0])))
     assert not withheld_in(messages)
     assert _hardware(messages, "/CPU:0").cpu_throttled_s == pytest.approx(0.51)
 
@@ -317,9 +317,9 @@ def test_without_nvml_a_gpu_publishes_its_host_wait_and_nothing_else() -> None:
 
 def test_a_job_arriving_outranks_a_busy_host_and_stops_the_sweep() -> None:
     """Both at once at a GPU point: the job's arrival decides (busy, the rest yielded), not the host's load."""
-    probe = FakeProbe(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
+    sampler = FakeSampler(lambda look: IDLE if look <= 5 else dataclasses.replace(IDLE, processes=(JOB,)))
     host = FakeHost([0.0], waits=[0.0, 0.0, 0.0, 0.0, 0.0, 0.3])  # the third GPU point's windows waited
-    _, messages = run_guarded(fake_guard(probe, host))
+    _, messages = run_guarded(fake_guard(sampler, host))
     gpu, cpu = withheld_in(messages)
     assert (gpu.reason, cpu.reason) == (WithheldReason.GPU_BUSY, WithheldReason.YIELDED)
 
@@ -380,11 +380,11 @@ def test_the_most_steal_seen_over_the_cpus_points_is_recorded() -> None:
             return dataclasses.replace(load, steal_cores=load.other_cores / 2)
 
     # Windows alternate CPU point, GPU point (n = 1, then each size); a GPU point's window counts for no CPU figure.
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE), StealingHost([0.1, 2.0, 0.6, 0.0, 0.2])))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.6, 0.3)
-    # A first try disturbed beyond the limit and timed again: only the retry's load and steal count.
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
+    # A first try disturbed beyond the limit and timed again: only the second try's load and steal count.
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE), StealingHost([0.1, 0.0, 3.0, 0.2], cores=1)))
     cpu = _hardware(messages, "/CPU:0")
     assert (cpu.other_cpu_cores, cpu.cpu_steal_cores) == (0.2, 0.1)
 
@@ -444,7 +444,7 @@ def test_only_an_idle_small_context_of_another_program_is_ignored(
         sm_utilization_pct=sm_pct,
     )
     _, messages = run_guarded(
-        fake_guard(FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
+        fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID), other))))
     )
     assert bool(withheld_in(messages)) is busy
 
@@ -454,8 +454,8 @@ def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that
     then the GPU is withheld, but the sweep does not stop (the job was there first)."""
     own = GpuProcess(pid=77001, visible=False, used_memory_bytes=500 * 2**20)
     job = GpuProcess(pid=77002, visible=False, used_memory_bytes=20 * 2**30, sm_utilization_pct=95.0)
-    probe = FakeProbe(lambda look: dataclasses.replace(IDLE, processes=(job,) if look == 1 else (own, job)))
-    _, messages = run_guarded(fake_guard(probe))
+    sampler = FakeSampler(lambda look: dataclasses.replace(IDLE, processes=(job,) if look == 1 else (own, job)))
+    _, messages = run_guarded(fake_guard(sampler))
     (withheld,) = withheld_in(messages)
     assert (withheld.device, withheld.reason) == ("/GPU:0", WithheldReason.GPU_BUSY)
     assert not timed_on(messages, "/GPU:0")
@@ -464,12 +464,12 @@ def test_in_a_pid_namespace_a_job_seen_only_after_the_first_point_withholds_that
 
 def test_the_driver_names_each_gpu_for_other_exporters_and_a_lost_nvml_names_none() -> None:
     """NVML's UUID and PCI bus id go into the GPU's details (the CPU gets none); without NVML, nothing is made up."""
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE)))
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE)))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert devices["/GPU:0"]["uuid"] == "GPU-fake-/GPU:0"
     assert devices["/GPU:0"]["pci_bus_id"] == "00000000:18:00.0"
     assert "uuid" not in devices["/CPU:0"]
-    _, messages = run_guarded(fake_guard(FailingProbe()))
+    _, messages = run_guarded(fake_guard(FailingSampler()))
     devices = {m.device: dict(m.details) for m in messages if isinstance(m, DeviceInfo)}
     assert "uuid" not in devices["/GPU:0"]
     assert "pci_bus_id" not in devices["/GPU:0"]

@@ -78,7 +78,7 @@ def _fake_pynvml(*, samples: object = (), fail_init: bool = False) -> types.Simp
 def test_probe_reads_every_field_in_base_units(monkeypatch: pytest.MonkeyPatch) -> None:
     """Clocks in Hz, power in W, throttle reasons by name (idle left out), PCIe link now and at best."""
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml())
-    sample = nvml.NvmlProbe(proc=Path("/proc")).sample(GPU)
+    sample = nvml.NvmlSampler(proc=Path("/proc")).sample(GPU)
     assert sample.utilization_pct == 87.0
     assert (sample.sm_clock_hz, sample.sm_clock_max_hz) == (1.755e9, 1.98e9)
     assert sample.clock_events == ("sw_thermal_slowdown",)
@@ -102,7 +102,7 @@ def test_a_gpu_without_violation_counters_still_gives_its_other_readings(monkeyp
 
     fake.nvmlDeviceGetViolationStatus = unsupported
     monkeypatch.setattr(nvml, "pynvml", fake)
-    sample = nvml.NvmlProbe().sample(GPU)
+    sample = nvml.NvmlSampler().sample(GPU)
     assert (sample.power_limited_s, sample.thermal_limited_s) == (None, None)
     assert sample.sm_clock_hz == 1.755e9
 
@@ -111,7 +111,7 @@ def test_probe_names_processes_and_their_recent_kernels(monkeypatch: pytest.Monk
     """Its own pid is named from /proc; a pid outside this namespace is hidden; per-process SM samples are kept."""
     job_sample = types.SimpleNamespace(pid=4_000_000, smUtil=93, timeStamp=2**62)
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=[job_sample]))
-    own, job = nvml.NvmlProbe().sample(GPU).processes
+    own, job = nvml.NvmlSampler().sample(GPU).processes
     assert (own.pid, own.visible, own.sm_utilization_pct) == (os.getpid(), True, 0.0)
     assert own.name != "?"
     assert (job.visible, job.used_memory_bytes, job.sm_utilization_pct) == (False, 20 * 2**30, 93.0)
@@ -120,27 +120,27 @@ def test_probe_names_processes_and_their_recent_kernels(monkeypatch: pytest.Monk
 def test_no_recent_samples_means_no_process_ran_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML answers NOT_FOUND when no process ran a kernel in the window: every process idle."""
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=NVMLErrorNotFound("Not Found")))
-    assert {p.sm_utilization_pct for p in nvml.NvmlProbe().sample(GPU).processes} == {0.0}
+    assert {p.sm_utilization_pct for p in nvml.NvmlSampler().sample(GPU).processes} == {0.0}
 
 
 def test_unsupported_samples_leave_activity_unknown(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the GPU keeps no per-process samples nothing is assumed: activity unknown (so the process counts)."""
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(samples=NVMLError("Not Supported")))
-    assert {p.sm_utilization_pct for p in nvml.NvmlProbe().sample(GPU).processes} == {None}
+    assert {p.sm_utilization_pct for p in nvml.NvmlSampler().sample(GPU).processes} == {None}
 
 
 def test_nvml_that_cannot_start_or_find_the_gpu_is_a_clear_guard_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """No driver, no module, or an unknown GPU: GuardUnavailable with the reason, never a crash."""
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml(fail_init=True))
     with pytest.raises(GuardUnavailable, match="Driver Not Loaded"):
-        nvml.NvmlProbe()
+        nvml.NvmlSampler()
     monkeypatch.setattr(nvml, "pynvml", None)
     with pytest.raises(GuardUnavailable, match="nvidia-ml-py is not installed"):
-        nvml.NvmlProbe()
+        nvml.NvmlSampler()
     monkeypatch.setattr(nvml, "pynvml", _fake_pynvml())
     stranger = DeviceInfo(backend="torch", device="cuda:3", kind="gpu", name="H200", details=(("uuid", "GPU-zzz"),))
     with pytest.raises(GuardUnavailable, match="cannot find cuda:3"):
-        nvml.NvmlProbe().sample(stranger)
+        nvml.NvmlSampler().sample(stranger)
 
 
 def test_a_binding_that_raises_something_else_is_still_a_guard_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,7 +153,7 @@ def test_a_binding_that_raises_something_else_is_still_a_guard_error(monkeypatch
     fake.nvmlDeviceGetComputeRunningProcesses = mismatch
     monkeypatch.setattr(nvml, "pynvml", fake)
     with pytest.raises(GuardUnavailable, match="driver too old"):
-        nvml.NvmlProbe().sample(GPU)
+        nvml.NvmlSampler().sample(GPU)
 
 
 def test_a_look_asks_nvml_only_for_what_can_have_changed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,11 +174,11 @@ def test_a_look_asks_nvml_only_for_what_can_have_changed(monkeypatch: pytest.Mon
     listed: list[object] = []
     fake.nvmlDeviceGetComputeRunningProcesses = lambda _h: listed
     monkeypatch.setattr(nvml, "pynvml", fake)
-    probe = nvml.NvmlProbe()
-    assert probe.sample(GPU).processes == ()
+    sampler = nvml.NvmlSampler()
+    assert sampler.sample(GPU).processes == ()
     assert asked["nvmlDeviceGetProcessUtilization"] == 0
     listed.append(types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=600 * 2**20))  # the worker's context
-    second = probe.sample(GPU)
+    second = sampler.sample(GPU)
     assert [p.pid for p in second.processes] == [os.getpid()]
     assert asked["nvmlDeviceGetProcessUtilization"] == 1
     assert (second.sm_clock_max_hz, second.pcie_generation_max, second.pcie_width_max) == (1.98e9, 5, 16)
@@ -193,7 +193,7 @@ def test_identity_is_the_drivers_uuid_and_long_pci_bus_id_and_never_a_crash(monk
     fake.nvmlDeviceGetUUID = lambda _h: b"GPU-5a0c1d2e-0000-4000-8000-000000000000"
     fake.nvmlDeviceGetPciInfo = lambda _h: types.SimpleNamespace(busId="00000000:18:00.0")
     monkeypatch.setattr(nvml, "pynvml", fake)
-    assert nvml.NvmlProbe().identity(GPU) == {
+    assert nvml.NvmlSampler().identity(GPU) == {
         "uuid": "GPU-5a0c1d2e-0000-4000-8000-000000000000",
         "pci_bus_id": "00000000:18:00.0",
     }
@@ -202,14 +202,14 @@ def test_identity_is_the_drivers_uuid_and_long_pci_bus_id_and_never_a_crash(monk
         raise NVMLError("Not Supported")
 
     fake.nvmlDeviceGetPciInfo = unsupported
-    assert nvml.NvmlProbe().identity(GPU) == {"uuid": "GPU-5a0c1d2e-0000-4000-8000-000000000000"}
+    assert nvml.NvmlSampler().identity(GPU) == {"uuid": "GPU-5a0c1d2e-0000-4000-8000-000000000000"}
 
     def mismatch(_handle: object) -> object:
         raise RuntimeError("NVMLLibraryMismatchError")
 
     fake.nvmlDeviceGetUUID = mismatch
     with pytest.raises(GuardUnavailable, match="NVMLLibraryMismatchError"):
-        nvml.NvmlProbe().identity(GPU)
+        nvml.NvmlSampler().identity(GPU)
 
 
 def test_nvml_index_follows_cuda_visible_devices() -> None:

@@ -27,7 +27,7 @@ from monitor.settings import RefineSettings
 from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
 from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
-from tests.guardfakes import IDLE, JOB, FakeProbe, fake_guard, run_guarded, timed_on, withheld_in
+from tests.guardfakes import IDLE, JOB, FakeSampler, fake_guard, run_guarded, timed_on, withheld_in
 
 
 def _run(plan: Plan) -> tuple[list[DeviceInfo], list[Measurement]]:
@@ -291,7 +291,7 @@ def _retry_plan(devices: tuple[str, ...] | None = None) -> Plan:
 
 def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
     """A retry looks at the GPUs first: all still busy, so not even the CPU is timed (no load on the node)."""
-    busy = FakeProbe(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
+    busy = FakeSampler(lambda _: dataclasses.replace(IDLE, processes=(JOB,)))
     backend, messages = run_guarded(fake_guard(busy), _retry_plan())
     assert withheld_in(messages)
     assert backend.blocks == {}
@@ -299,7 +299,7 @@ def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
 
 def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
     """A retry whose GPU turns out busy after its first point times no further CPU point."""
-    probe = FakeProbe(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
+    probe = FakeSampler(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
     _, messages = run_guarded(fake_guard(probe), _retry_plan())
     assert withheld_in(messages)
     assert len(timed_on(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
@@ -307,7 +307,7 @@ def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
 
 def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
     """A named device missing from a retry is a failure, but not a fatal one (a GPU reset heals)."""
-    _, messages = run_guarded(fake_guard(FakeProbe(lambda _: IDLE)), _retry_plan(devices=("/CPU:0", "/GPU:7")))
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE)), _retry_plan(devices=("/CPU:0", "/GPU:7")))
     (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failure.device == "/GPU:7"
     assert not failure.fatal

@@ -1,6 +1,6 @@
 """The interference guard: keeps the worker off GPUs and cores that other programs are using.
 
-A GPU is looked at (through a ``GpuProbe``, NVML in production) before and after each of its
+A GPU is looked at (through a ``GpuSampler``, NVML in production) before and after each of its
 points: another program's process on it, or utilisation while this worker is not using it,
 makes it busy, and its points of this sweep are withheld. Every point is timed inside a
 window over which the host meter (``HostMeter``) measures the host's load from other processes
@@ -8,7 +8,7 @@ and how long the worker's timing thread waited for a CPU: a CPU point during whi
 its threads needed, or a GPU point whose host side waited for a CPU, is timed again once, then withheld.
 Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
 
-Pure apart from the probes, clock and sleep it is given, so that tests drive it with fakes.
+Pure apart from the samplers, meters, clock and sleep it is given, so that tests drive it with fakes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02
-CPU_RETRY_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
+DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
 N = TypeVar("N", int, float)
 
 
@@ -69,7 +69,7 @@ class GpuSample:
     read_at_s: float | None = None
 
 
-class GpuProbe(Protocol):
+class GpuSampler(Protocol):
     def sample(self, device: DeviceInfo) -> GpuSample:
         """Look at the GPU behind ``device`` now; raises GuardUnavailable if it cannot."""
         ...
@@ -171,14 +171,14 @@ class _HostRecord(Protocol):
 
 
 class Guard:
-    """Decides, from what the probes see, whether a point may be timed and whether it stands."""
+    """Decides, from what the GPU sampler and host meter see, whether a point may be timed and whether it stands."""
 
     def __init__(
         self,
         settings: GuardSettings,
         *,
-        gpu_probe: GpuProbe | None,
-        gpu_probe_problem: str = "",
+        gpu_sampler: GpuSampler | None,
+        gpu_sampler_problem: str = "",
         host: HostMeter | None,
         own_pid: int,
         sleep: Callable[[float], None],
@@ -187,8 +187,8 @@ class Guard:
         """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes."""
         self._settings = settings
         self._pods = pods
-        self._gpu_probe = gpu_probe
-        self._gpu_probe_problem = gpu_probe_problem
+        self._gpu_sampler = gpu_sampler
+        self._gpu_sampler_problem = gpu_sampler_problem
         self._host = host
         self._own_pid = own_pid
         self._sleep = sleep
@@ -199,10 +199,10 @@ class Guard:
 
     def identity(self, device: DeviceInfo) -> dict[str, str]:
         """NVML's UUID and PCI bus id of a GPU, for joining with other exporters; empty where NVML is not there."""
-        if self._gpu_probe is None or device.kind != "gpu":
+        if self._gpu_sampler is None or device.kind != "gpu":
             return {}
         try:
-            return self._gpu_probe.identity(device)
+            return self._gpu_sampler.identity(device)
         except GuardUnavailable:
             return {}
 
@@ -221,10 +221,10 @@ class Guard:
         record = self._gpus.setdefault(device.device, _GpuRecord())
         if before:  # a point starts: no earlier look may pair with the look after it
             record.opened = None
-        if self._gpu_probe is None:
-            return self._unguarded(device, self._gpu_probe_problem)
+        if self._gpu_sampler is None:
+            return self._unguarded(device, self._gpu_sampler_problem)
         try:
-            sample = self._gpu_probe.sample(device)
+            sample = self._gpu_sampler.sample(device)
         except GuardUnavailable as exc:
             return self._unguarded(device, str(exc))
         if before:
@@ -296,7 +296,7 @@ class Guard:
     # --- the host's cores ------------------------------------------------------------------
 
     def time_cpu_point(self, device: DeviceInfo, threads: int, measure: Callable[[], object]) -> Withheld | None:
-        """Run ``measure`` (one CPU point) under the host meter; retry once if others disturbed it.
+        """Run ``measure`` (one CPU point) under the host meter; timed again once if others disturbed it.
 
         Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
         beyond that, one of its threads shares a core with them and every parallel call waits for it.
@@ -320,7 +320,7 @@ class Guard:
         return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
 
     def time_gpu_point(self, device: DeviceInfo, measure: Callable[[], object]) -> Withheld | None:
-        """Run ``measure`` (one GPU point) under the host meter; retry once if its host side waited for a CPU.
+        """Run ``measure`` (one GPU point) under the host meter; timed again once if its host side waited for a CPU.
 
         A GPU point's host side (launches, copies from pageable memory, the wait at each block's end)
         runs on the thread that times it: if that thread sat runnable without a CPU for more than
@@ -354,7 +354,7 @@ class Guard:
         load = HostLoad(0.0, 0.0, 1.0)
         for attempt in range(2):
             if attempt:
-                self._sleep(CPU_RETRY_PAUSE_S)
+                self._sleep(DISTURBED_PAUSE_S)
             started = host.start()
             measure()
             load = host.stop(started)

@@ -21,7 +21,7 @@ R = TypeVar("R")
 
 try:
     import pynvml
-except ImportError:  # nvidia-ml-py absent: the probe says so when created
+except ImportError:  # nvidia-ml-py absent: the sampler says so when created
     pynvml = None
 
 # NVML's clock-event (formerly "throttle") reason bits, named as nvidia-smi names them.
@@ -82,7 +82,7 @@ def _process(pid: int, memory: int | None, utilization: float | None, proc: Path
     return GpuProcess(pid=pid, name=name, visible=visible, used_memory_bytes=memory, sm_utilization_pct=utilization)
 
 
-class NvmlProbe:
+class NvmlSampler:
     """Samples GPUs through NVML; creating one raises GuardUnavailable if NVML cannot be used."""
 
     def __init__(self, *, environ: Mapping[str, str] = os.environ, proc: Path = Path("/proc")) -> None:

@@ -266,7 +266,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
-    guard = guard or Guard(GuardSettings(enabled=False), gpu_probe=None, host=None, own_pid=0, sleep=lambda _: None)
+    guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
     for device in devices:
         # The driver's UUID and PCI bus id win over what the framework said: they are what other exporters use.
         details = {str(k): str(v) for k, v in device.details} | guard.identity(device)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TextIO
 
 from monitor.bench.contract import BackendOptions
-from monitor.bench.guard import GpuProbe, Guard, GuardUnavailable
+from monitor.bench.guard import GpuSampler, Guard, GuardUnavailable
 from monitor.bench.hostinfo import ProcStatMeter, default_cpu_threads
 from monitor.bench.podresources import PodResourcesClient, holders
 from monitor.bench.registry import load_backend
@@ -33,13 +33,13 @@ def _claim_stdout() -> TextIO:
 
 def build_guard(settings: GuardSettings) -> Guard:
     """The guard with NVML (when it can start) and the host's load meter."""
-    probe: GpuProbe | None = None
+    sampler: GpuSampler | None = None
     problem = ""
     if settings.enabled:
-        from monitor.bench.nvml import NvmlProbe  # noqa: PLC0415 - only a guarded worker loads NVML
+        from monitor.bench.nvml import NvmlSampler  # noqa: PLC0415 - only a guarded worker loads NVML
 
         try:
-            probe = NvmlProbe()
+            sampler = NvmlSampler()
         except GuardUnavailable as exc:
             problem = str(exc)
     pods: Callable[[str], Sequence[str]] | None = None
@@ -51,8 +51,8 @@ def build_guard(settings: GuardSettings) -> Guard:
 
     return Guard(
         settings,
-        gpu_probe=probe,
-        gpu_probe_problem=problem,
+        gpu_sampler=sampler,
+        gpu_sampler_problem=problem,
         host=ProcStatMeter(),
         own_pid=os.getpid(),
         sleep=time.sleep,
