@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -137,7 +138,13 @@ class Timing:
 
     @property
     def relative_iqr(self) -> float:
-        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+        return relative_iqr(self.median_s, self.iqr_s)
+
+
+def relative_iqr(median_s: float, iqr_s: float) -> float:
+    """A timing's spread against its level, what the noise target is held to; infinite at a zero median
+    (a broken clock), which no target accepts."""
+    return iqr_s / median_s if median_s > 0 else math.inf
 
 
 @dataclass(frozen=True, kw_only=True)
