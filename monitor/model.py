@@ -147,6 +147,11 @@ def relative_iqr(median_s: float, iqr_s: float) -> float:
     return iqr_s / median_s if median_s > 0 else math.inf
 
 
+def speedup(cpu_s: float, gpu_s: float) -> float:
+    """How many times faster the GPU is than the CPU, from their times (above 1: the GPU wins)."""
+    return cpu_s / gpu_s
+
+
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """One timed point: ``C = A @ B`` for n×n operands on one device."""

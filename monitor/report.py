@@ -24,6 +24,7 @@ from monitor.model import (
     SweepOutcome,
     curves,
     gpu_cpu_pairs,
+    speedup,
 )
 from monitor.protocol import Message, Plan, Started
 
@@ -44,7 +45,7 @@ def _speedups(snapshot: Snapshot) -> dict[tuple[str, str, str, int], float]:
         for (device, dtype, mode, size), gpu_time in times.items():
             reference = times.get((cpu.device, dtype, mode, size))
             if device in paired and reference is not None:
-                ratios.setdefault((device, dtype, mode, size), reference / gpu_time)
+                ratios.setdefault((device, dtype, mode, size), speedup(reference, gpu_time))
     return ratios
 
 

@@ -30,6 +30,7 @@ from monitor.model import (
     WithheldReason,
     canonical_device,
     gpu_cpu_pairs,
+    speedup,
 )
 from monitor.protocol import Environment, Message, Plan, Started
 from monitor.settings import GuardSettings, TimingSettings
@@ -241,7 +242,7 @@ class _Session:
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
         cpu_time = self.timings.get((cpu.device, dtype, mode, size))
         gpu_time = self.timings.get((gpu.device, dtype, mode, size))
-        return cpu_time.median_s / gpu_time.median_s if cpu_time is not None and gpu_time is not None else None
+        return speedup(cpu_time.median_s, gpu_time.median_s) if cpu_time is not None and gpu_time is not None else None
 
     def curve(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode) -> list[SpeedupPoint]:
         """The pair's speed-ups so far, at every size both have (the n=1 probe aside), visits paired."""
