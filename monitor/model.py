@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -17,8 +17,32 @@ Role = Literal["sweep", "probe", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
-# Built-in backends, each monitor/bench/<name>_backend.py; anything else is a plugin "package.module:attribute".
-BACKENDS: tuple[str, ...] = ("tensorflow", "torch", "jax")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltinBackend:
+    """What is fixed about one built-in backend, monitor/bench/<name>_backend.py."""
+
+    name: str
+    # The installed packages that carry the framework, the first found giving its version (build info).
+    distributions: tuple[str, ...]
+    gpu_prefix: str  # how the framework names its GPUs: this and the index, e.g. "/GPU:0"
+
+    def gpu_device(self, index: int) -> str:
+        return f"{self.gpu_prefix}{index}"
+
+
+# Built-in backends by name; anything else is a plugin "package.module:attribute".
+BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
+    b.name: b
+    for b in (
+        BuiltinBackend(name="tensorflow", distributions=("tensorflow", "tensorflow-cpu"), gpu_prefix="/GPU:"),
+        BuiltinBackend(name="torch", distributions=("torch",), gpu_prefix="cuda:"),
+        # The JAX backend names a device by its platform, as JAX does: "gpu" for CUDA and ROCm GPUs alike.
+        BuiltinBackend(name="jax", distributions=("jax",), gpu_prefix="gpu:"),
+    )
+}
+BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it (monitor/bench/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
 
