@@ -240,6 +240,11 @@ class Crossover:
         """What the crossover is of: the same key in the next sweep is the same series."""
         return (self.backend, self.gpu, self.cpu, self.dtype, self.mode)
 
+    @property
+    def pair_label(self) -> str:
+        """What it compares, in words: "GPU vs CPU", or the CPU alone where no GPU was beside it."""
+        return self.cpu if self.state is CrossoverState.NO_GPU else f"{self.gpu} vs {self.cpu}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class RecentCrossovers:

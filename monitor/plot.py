@@ -302,6 +302,5 @@ def _draw_crossovers(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, 
                 color=colors.get(c.gpu, "grey"),
             )
         elif c.state in STATE_SENTENCES and c.state is not CrossoverState.WITHHELD:
-            who = c.cpu if c.state is CrossoverState.NO_GPU else f"{c.gpu} vs {c.cpu}"
             # A legend entry with no line: the state is read where the curves are named.
-            axes.plot([], [], linestyle="none", label=f"{who} {c.mode}: {STATE_SENTENCES[c.state]}")
+            axes.plot([], [], linestyle="none", label=f"{c.pair_label} {c.mode}: {STATE_SENTENCES[c.state]}")

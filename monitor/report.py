@@ -50,11 +50,7 @@ def _speedups(snapshot: Snapshot) -> dict[tuple[str, str, str, int], float]:
 
 
 def _crossover_line(c: Crossover) -> str:
-    head = (
-        f"{c.cpu}  {c.dtype} {c.mode}: "
-        if c.state is CrossoverState.NO_GPU
-        else f"{c.gpu} vs {c.cpu}  {c.dtype} {c.mode}: "
-    )
+    head = f"{c.pair_label}  {c.dtype} {c.mode}: "
     if c.state is CrossoverState.FOUND and c.size is not None:
         line = head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g}"
         if c.ci_lower is not None and c.ci_upper is not None:

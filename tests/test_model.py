@@ -13,6 +13,8 @@ from monitor.daemon import framework_version
 from monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
+    Crossover,
+    CrossoverState,
     DeviceFailure,
     DeviceInfo,
     DeviceState,
@@ -58,6 +60,17 @@ def test_each_cpu_is_paired_with_the_gpus_of_its_own_backend_in_order() -> None:
 def test_a_cpu_without_a_gpu_beside_it_is_paired_with_none() -> None:
     assert gpu_cpu_pairs([CPU, TORCH_GPU]) == ((CPU, ()),)
     assert gpu_cpu_pairs([GPU0]) == ()
+
+
+def test_a_crossover_names_its_pair_or_the_cpu_alone_where_there_was_no_gpu() -> None:
+    found = Crossover(
+        backend="fake", gpu="/GPU:0", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.FOUND
+    )
+    assert found.pair_label == "/GPU:0 vs /CPU:0"
+    alone = Crossover(
+        backend="fake", gpu="none", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.NO_GPU
+    )
+    assert alone.pair_label == "/CPU:0"
 
 
 def _states(**fields: Any) -> dict[str, tuple[DeviceState, str]]:
