@@ -348,11 +348,12 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
     refine = session.plan.bench.refine
     cpus = [d for d in devices if d.kind == "cpu"]
     gpus = [d for d in devices if d.kind == "gpu"]
+    pairs = gpu_cpu_pairs(devices)
     done: set[int] = set()
     for _ in range(_REFINE_ROUNDS):
         wanted: set[int] = set()
-        for cpu in cpus:
-            for gpu in gpus:
+        for cpu, paired in pairs:
+            for gpu in paired:
                 wanted |= _sizes_to_visit(session.curve(cpu, gpu, dtype, mode), refine.spacing)
         sizes = sorted(wanted - done)
         if not sizes:
