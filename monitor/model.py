@@ -300,7 +300,7 @@ def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tupl
     """Each CPU with the GPUs a crossover compares against it: those of its own backend, in order.
 
     The one pairing of GPUs with CPUs: the crossovers, their withheld states, the runner's CPU skip and
-    the report's speed-ups all take it from here.
+    refinement, the busy-GPU retry's CPU and the report's speed-ups all take it from here.
     """
     listed = tuple(devices)
     gpus = [d for d in listed if d.kind == "gpu"]
