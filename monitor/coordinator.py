@@ -13,7 +13,7 @@ import time
 
 from monitor.carry import trimmed
 from monitor.history import RunHistory
-from monitor.model import Snapshot, SweepOutcome, SweepResult
+from monitor.model import Snapshot, SweepOutcome, SweepResult, gpu_cpu_pairs
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
@@ -135,7 +135,7 @@ class SweepCoordinator:
         busy = latest.gpus_to_retry if latest else ()
         if not busy or latest is None:
             return
-        cpus = [d.device for d in latest.devices if d.kind == "cpu"]
+        cpus = [cpu.device for cpu, gpus in gpu_cpu_pairs(latest.devices) if {g.device for g in gpus} & set(busy)]
         plan = Plan(
             # It names some GPUs only: the rest are not missing.
             bench=dataclasses.replace(self._settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),

@@ -28,6 +28,7 @@ from monitor.model import (
     RecentCrossovers,
     Timing,
     gpu_cpu_pairs,
+    speedup,
 )
 from monitor.model import curves as group_curves
 
@@ -225,7 +226,7 @@ def find_crossover(
     bracketing sizes. If the GPU was also faster somewhere below the bracket, the curves cross
     more than once and the state is AMBIGUOUS, with no size.
     """
-    found = locate([SpeedupPoint(n, (math.log(cpu / gpu),)) for n, cpu, gpu in curve])
+    found = locate([SpeedupPoint(n, (_log_speedup(cpu, gpu),)) for n, cpu, gpu in curve])
     return found.state, found.size, found.lower, found.upper
 
 
@@ -237,8 +238,13 @@ def speedup_point(size: int, cpu: Timing, gpu: Timing) -> SpeedupPoint:
     """
     if cpu.visits_s and len(cpu.visits_s) == len(gpu.visits_s):
         pairs = zip(cpu.visits_s, gpu.visits_s, strict=True)
-        return SpeedupPoint(size, tuple(math.log(c / g) for c, g in pairs))
-    return SpeedupPoint(size, (math.log(cpu.median_s / gpu.median_s),))
+        return SpeedupPoint(size, tuple(_log_speedup(c, g) for c, g in pairs))
+    return SpeedupPoint(size, (_log_speedup(cpu.median_s, gpu.median_s),))
+
+
+def _log_speedup(cpu_s: float, gpu_s: float) -> float:
+    """The speed-up on the scale the crossover is located on: 0 where the GPU and the CPU tie."""
+    return math.log(speedup(cpu_s, gpu_s))
 
 
 _Curves = Mapping[tuple[str, str, str, Mode], Mapping[int, Timing]]

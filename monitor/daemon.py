@@ -23,7 +23,7 @@ from monitor.coordinator import SweepCoordinator, trimmed_to_settings
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
-from monitor.model import ServiceState
+from monitor.model import BUILTIN_BACKENDS, ServiceState
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
 from monitor.server import Lifecycle, MetricsServer
@@ -34,14 +34,14 @@ from monitor.webconfig import WebGate
 
 log = logging.getLogger(__name__)
 
-_DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu"), "torch": ("torch",), "jax": ("jax",)}
 _MAIN_LOOP_TICK_S = 1.0
 _WAKE = 0  # on the inbox: not a signal, only "look at _stopping"
 
 
 def framework_version(backend: str) -> str:
     """The installed version of a backend's framework, read from package metadata (no import)."""
-    for dist in _DISTRIBUTIONS.get(backend, ()):
+    builtin = BUILTIN_BACKENDS.get(backend)  # a plugin's is not known
+    for dist in () if builtin is None else builtin.distributions:
         try:
             return importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -7,6 +7,7 @@ The collector reads one immutable ServiceState per scrape, so a scrape never see
 
 from __future__ import annotations
 
+import enum
 import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -243,6 +244,16 @@ def _info(name: str) -> InfoMetricFamily:
     return InfoMetricFamily(spec.name.removesuffix("_info"), spec.help, labels=spec.labels)
 
 
+def _label_values(name: str, source: object = None, /, **given: str) -> list[str]:
+    """Metric ``name``'s label values in its declared order: each one ``given``, else ``source``'s attribute
+    of the label's name (an enum's value, a number as text)."""
+    values = []
+    for label in METRICS[name].labels:
+        value = given[label] if label in given else getattr(source, label)
+        values.append(str(value.value if isinstance(value, enum.Enum) else value))
+    return values
+
+
 class StateCollector(Collector):
     """Renders the ServiceState returned by ``read_state`` at scrape time."""
 
@@ -265,17 +276,17 @@ class StateCollector(Collector):
         yield from self._point_metrics(state)
         yield from self._crossover_metrics(state)
         build = _info(BUILD_INFO)
-        build.add_metric([self._build_labels[k] for k in BUILD_LABELS], {})
+        build.add_metric(_label_values(BUILD_INFO, **self._build_labels), {})
         yield build
 
     def _sweep_metrics(self, state: ServiceState) -> Iterator[Metric]:
         sweeps = _counter(SWEEPS)
         for result in SweepResult:
-            sweeps.add_metric([result.value], state.count(result))
+            sweeps.add_metric(_label_values(SWEEPS, result=result.value), state.count(result))
         yield sweeps
         retries = _counter(RETRIES)
         for retry, count in state.retries:
-            retries.add_metric([retry.value], count)
+            retries.add_metric(_label_values(RETRIES, result=retry.value), count)
         yield retries
         for name, value in (
             (SWEEP_DURATION, state.last_outcome.duration_s if state.last_outcome is not None else None),
@@ -302,51 +313,46 @@ class StateCollector(Collector):
         for device in latest.devices:
             seen.add((device.backend, device.device))
             details = dict(device.details)
-            info.add_metric(
-                [
-                    device.backend,
-                    device.device,
-                    device.kind,
-                    device.name,
-                    *(details.get(key, "") for key in DEVICE_DETAIL_LABELS.values()),
-                ],
-                {},
-            )
+            shown = {label: details.get(key, "") for label, key in DEVICE_DETAIL_LABELS.items()}
+            info.add_metric(_label_values(DEVICE_INFO, device, **shown), {})
             works = latest.device_state(device.device)[0] is not DeviceState.FAILED
-            up.add_metric([device.backend, device.device], 1 if completed and works else 0)
+            up.add_metric(_label_values(DEVICE_UP, device), 1 if completed and works else 0)
         for failure in latest.failures:
             if failure.whole_device and (failure.backend, failure.device) not in seen:
                 seen.add((failure.backend, failure.device))
-                up.add_metric([failure.backend, failure.device], 0)
+                up.add_metric(_label_values(DEVICE_UP, failure), 0)
         yield up
         yield info
         environment = dict(latest.environment)
         bench = _info(BENCHMARK_INFO)
-        bench.add_metric([self._build_labels["backend"], *(environment.get(k, "") for k in ENVIRONMENT_LABELS)], {})
+        versions = {k: environment.get(k, "") for k in ENVIRONMENT_LABELS}
+        bench.add_metric(_label_values(BENCHMARK_INFO, backend=self._build_labels["backend"], **versions), {})
         yield bench
         yield from self._guard_metrics(latest)
 
     def _guard_metrics(self, latest: Snapshot) -> Iterator[Metric]:
         withheld = _gauge(DEVICE_WITHHELD)
         for w in latest.withheld:
-            withheld.add_metric([w.backend, w.device, w.reason.value], 1)
+            withheld.add_metric(_label_values(DEVICE_WITHHELD, w), 1)
         yield withheld
         backends = {d.device: d.backend for d in latest.devices}
         measured_at = _gauge(DEVICE_MEASURED_AT)
         for device, when in latest.measured_at:
-            measured_at.add_metric([backends.get(device, ""), device], when)
+            measured_at.add_metric(
+                _label_values(DEVICE_MEASURED_AT, backend=backends.get(device, ""), device=device), when
+            )
         yield measured_at
         events = _gauge(GPU_CLOCK_EVENT)
         for h in latest.hardware:
             for reason in h.clock_events:
-                events.add_metric([h.backend, h.device, reason], 1)
+                events.add_metric(_label_values(GPU_CLOCK_EVENT, h, reason=reason), 1)
         yield events
         for name, attribute in HARDWARE_GAUGES:
             gauge = _gauge(name)
             for h in latest.hardware:
                 value = getattr(h, attribute)
                 if value is not None:
-                    gauge.add_metric([h.backend, h.device], float(value))
+                    gauge.add_metric(_label_values(name, h), float(value))
             yield gauge
 
     def _point_metrics(self, state: ServiceState) -> Iterator[Metric]:
@@ -355,7 +361,7 @@ class StateCollector(Collector):
         duration, iqr, noisy, flops = (_gauge(n) for n in (DURATION, DURATION_IQR, DURATION_NOISY, FLOPS))
         # Only configured sizes become series: probe and refinement sizes vary between sweeps.
         for m in (m for m in state.latest.measurements if m.role == "sweep"):
-            labels = [m.key.backend, m.key.device, m.key.dtype, m.key.mode, str(m.key.size)]
+            labels = _label_values(DURATION, m.key)  # the four point gauges' alike
             duration.add_metric(labels, m.timing.median_s)
             iqr.add_metric(labels, m.timing.iqr_s)
             noisy.add_metric(labels, 1 if m.timing.noisy else 0)
@@ -363,7 +369,7 @@ class StateCollector(Collector):
         yield from (duration, iqr, noisy, flops)
         fixed, peak = _gauge(FIXED_COST), _gauge(PEAK_FLOPS)
         for cost in state.latest.costs:
-            labels = [cost.backend, cost.device, cost.dtype, cost.mode]
+            labels = _label_values(FIXED_COST, cost)  # PEAK_FLOPS's alike
             fixed.add_metric(labels, cost.fixed_s)
             if cost.peak_flops is not None:
                 peak.add_metric(labels, cost.peak_flops)
@@ -385,7 +391,7 @@ class StateCollector(Collector):
             )
         )
         for c in state.latest.crossovers:
-            labels = [c.backend, c.gpu, c.cpu, c.dtype, c.mode]
+            labels = _label_values(CROSSOVER, c)  # every crossover gauge's but the state's
             if c.derived_at is not None:
                 derived_at.add_metric(labels, c.derived_at)
             if c.size is not None:
@@ -397,7 +403,7 @@ class StateCollector(Collector):
                 ci_lower.add_metric(labels, c.ci_lower)
                 ci_upper.add_metric(labels, c.ci_upper)
             for s in CrossoverState:
-                states.add_metric([*labels, s.value], 1 if s is c.state else 0)
+                states.add_metric(_label_values(CROSSOVER_STATE, c, state=s.value), 1 if s is c.state else 0)
         yield from (size, lower, upper, ci_lower, ci_upper, states, derived_at)
 
 

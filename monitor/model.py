@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable
+import math
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -16,8 +17,32 @@ Role = Literal["sweep", "probe", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
-# Built-in backends, each monitor/bench/<name>_backend.py; anything else is a plugin "package.module:attribute".
-BACKENDS: tuple[str, ...] = ("tensorflow", "torch", "jax")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltinBackend:
+    """What is fixed about one built-in backend, monitor/bench/<name>_backend.py."""
+
+    name: str
+    # The installed packages that carry the framework, the first found giving its version (build info).
+    distributions: tuple[str, ...]
+    gpu_prefix: str  # how the framework names its GPUs: this and the index, e.g. "/GPU:0"
+
+    def gpu_device(self, index: int) -> str:
+        return f"{self.gpu_prefix}{index}"
+
+
+# Built-in backends by name; anything else is a plugin "package.module:attribute".
+BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
+    b.name: b
+    for b in (
+        BuiltinBackend(name="tensorflow", distributions=("tensorflow", "tensorflow-cpu"), gpu_prefix="/GPU:"),
+        BuiltinBackend(name="torch", distributions=("torch",), gpu_prefix="cuda:"),
+        # The JAX backend names a device by its platform, as JAX does: "gpu" for CUDA and ROCm GPUs alike.
+        BuiltinBackend(name="jax", distributions=("jax",), gpu_prefix="gpu:"),
+    )
+}
+BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it (monitor/bench/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
 
@@ -137,7 +162,18 @@ class Timing:
 
     @property
     def relative_iqr(self) -> float:
-        return self.iqr_s / self.median_s if self.median_s > 0 else float("inf")
+        return relative_iqr(self.median_s, self.iqr_s)
+
+
+def relative_iqr(median_s: float, iqr_s: float) -> float:
+    """A timing's spread against its level, what the noise target is held to; infinite at a zero median
+    (a broken clock), which no target accepts."""
+    return iqr_s / median_s if median_s > 0 else math.inf
+
+
+def speedup(cpu_s: float, gpu_s: float) -> float:
+    """How many times faster the GPU is than the CPU, from their times (above 1: the GPU wins)."""
+    return cpu_s / gpu_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,6 +240,11 @@ class Crossover:
         """What the crossover is of: the same key in the next sweep is the same series."""
         return (self.backend, self.gpu, self.cpu, self.dtype, self.mode)
 
+    @property
+    def pair_label(self) -> str:
+        """What it compares, in words: "GPU vs CPU", or the CPU alone where no GPU was beside it."""
+        return self.cpu if self.state is CrossoverState.NO_GPU else f"{self.gpu} vs {self.cpu}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class RecentCrossovers:
@@ -259,7 +300,7 @@ def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tupl
     """Each CPU with the GPUs a crossover compares against it: those of its own backend, in order.
 
     The one pairing of GPUs with CPUs: the crossovers, their withheld states, the runner's CPU skip and
-    the report's speed-ups all take it from here.
+    refinement, the busy-GPU retry's CPU and the report's speed-ups all take it from here.
     """
     listed = tuple(devices)
     gpus = [d for d in listed if d.kind == "gpu"]

@@ -18,12 +18,14 @@ from monitor.errors import MonitorError
 from monitor.metrics import (
     BENCHMARK_INFO,
     CROSSOVER,
+    CROSSOVER_LABELS,
     CROSSOVER_LOWER,
     CROSSOVER_STATE,
     CROSSOVER_UPPER,
     DEVICE_DETAIL_LABELS,
     DEVICE_INFO,
     DURATION,
+    POINT_LABELS,
 )
 from monitor.model import (
     MODES,
@@ -151,16 +153,11 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
     values: dict[str, dict[tuple[str, ...], float]] = {CROSSOVER: {}, CROSSOVER_LOWER: {}, CROSSOVER_UPPER: {}}
     versions = ""
     for name, labels, value in samples:
-        pair = tuple(labels.get(k, "") for k in ("backend", "gpu", "cpu", "dtype", "mode"))
+        pair = tuple(labels.get(k, "") for k in CROSSOVER_LABELS)
         if name == DURATION:
-            key = PointKey(
-                backend=labels["backend"],
-                device=labels["device"],
-                dtype=labels["dtype"],
-                mode=labels["mode"],  # type: ignore[arg-type] # the exporter only writes the two modes
-                size=int(labels["size"]),
-            )
-            times.append((key, value))
+            # Each label to the field of its name; the exporter only writes the two modes.
+            point = {k: int(labels[k]) if k == "size" else labels[k] for k in POINT_LABELS}
+            times.append((PointKey(**point), value))  # type: ignore[arg-type]
         elif name == DEVICE_INFO:
             kind: DeviceKind = "gpu" if labels.get("kind") == "gpu" else "cpu"
             details = tuple((key, labels[label]) for label, key in DEVICE_DETAIL_LABELS.items() if labels.get(label))
@@ -177,17 +174,14 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
             versions = f"{labels.get('backend', '')} {labels.get('framework_version', '')}".strip()
     crossovers = tuple(
         Crossover(
-            backend=backend,
-            gpu=gpu,
-            cpu=cpu,
-            dtype=dtype,
-            mode=mode,  # type: ignore[arg-type] # the exporter only writes the two modes
+            # Each label to the field of its name; the exporter only writes the two modes.
+            **dict(zip(CROSSOVER_LABELS, pair, strict=True)),  # type: ignore[arg-type]
             state=state,
-            size=values[CROSSOVER].get((backend, gpu, cpu, dtype, mode)),
-            lower=values[CROSSOVER_LOWER].get((backend, gpu, cpu, dtype, mode)),
-            upper=values[CROSSOVER_UPPER].get((backend, gpu, cpu, dtype, mode)),
+            size=values[CROSSOVER].get(pair),
+            lower=values[CROSSOVER_LOWER].get(pair),
+            upper=values[CROSSOVER_UPPER].get(pair),
         )
-        for (backend, gpu, cpu, dtype, mode), state in sorted(states.items())
+        for pair, state in sorted(states.items())
     )
     return Chart(
         title=f"{title}{': ' + versions if versions else ''}",
@@ -302,6 +296,5 @@ def _draw_crossovers(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, 
                 color=colors.get(c.gpu, "grey"),
             )
         elif c.state in STATE_SENTENCES and c.state is not CrossoverState.WITHHELD:
-            who = c.cpu if c.state is CrossoverState.NO_GPU else f"{c.gpu} vs {c.cpu}"
             # A legend entry with no line: the state is read where the curves are named.
-            axes.plot([], [], linestyle="none", label=f"{who} {c.mode}: {STATE_SENTENCES[c.state]}")
+            axes.plot([], [], linestyle="none", label=f"{c.pair_label} {c.mode}: {STATE_SENTENCES[c.state]}")

@@ -24,6 +24,7 @@ from monitor.model import (
     SweepOutcome,
     curves,
     gpu_cpu_pairs,
+    speedup,
 )
 from monitor.protocol import Message, Plan, Started
 
@@ -44,16 +45,12 @@ def _speedups(snapshot: Snapshot) -> dict[tuple[str, str, str, int], float]:
         for (device, dtype, mode, size), gpu_time in times.items():
             reference = times.get((cpu.device, dtype, mode, size))
             if device in paired and reference is not None:
-                ratios.setdefault((device, dtype, mode, size), reference / gpu_time)
+                ratios.setdefault((device, dtype, mode, size), speedup(reference, gpu_time))
     return ratios
 
 
 def _crossover_line(c: Crossover) -> str:
-    head = (
-        f"{c.cpu}  {c.dtype} {c.mode}: "
-        if c.state is CrossoverState.NO_GPU
-        else f"{c.gpu} vs {c.cpu}  {c.dtype} {c.mode}: "
-    )
+    head = f"{c.pair_label}  {c.dtype} {c.mode}: "
     if c.state is CrossoverState.FOUND and c.size is not None:
         line = head + f"GPU faster from n ≈ {c.size:.0f} (between measured sizes {c.lower:g} and {c.upper:g}"
         if c.ci_lower is not None and c.ci_upper is not None:

@@ -20,13 +20,6 @@ log = logging.getLogger(__name__)
 # (ok, a one-line explanation) for the health and readiness probes.
 Probe = Callable[[], tuple[bool, str]]
 
-_INDEX = b"""<html><head><title>crossover-monitor</title></head><body>
-<h1>crossover-monitor</h1>
-<p><a href="/metrics">/metrics</a> &middot; <a href="/-/healthy">/-/healthy</a> &middot;
-<a href="/-/ready">/-/ready</a></p>
-</body></html>
-"""
-
 
 @dataclass(frozen=True)
 class Lifecycle:
@@ -52,9 +45,9 @@ class MetricsServer:
         *,
         healthy: Probe,
         ready: Probe,
+        landing: Callable[[], str],
         web: WebGate | None = None,
         lifecycle: Lifecycle | None = None,
-        landing: Callable[[], str] | None = None,
         picture: Callable[[], Picture] | None = None,
         freshness: Callable[[], tuple[object, ...]] | None = None,
         limits: HttpLimits | None = None,
@@ -67,9 +60,7 @@ class MetricsServer:
             "/-/ready": lambda _: _probe(ready),
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
-            "/": lambda _: Response(
-                status=200, body=landing().encode() if landing else _INDEX, content_type="text/html; charset=utf-8"
-            ),
+            "/": lambda _: Response(status=200, body=landing().encode(), content_type="text/html; charset=utf-8"),
             "/sweep.svg": lambda _: _svg(picture() if picture else Picture(PictureState.UNAVAILABLE)),
         }
         posts: dict[str, Callable[[], tuple[bool, str]]] = (

@@ -114,11 +114,16 @@ def started_services(directory: Path) -> Iterator[Callable[[str], RunningService
             service.stop()
 
 
+def landing() -> str:
+    """A landing page for a server built without the service (the service's own is monitor/page.py's)."""
+    return "<html><body><a href='/metrics'>/metrics</a></body></html>"
+
+
 def started_server(read_state: Callable[[], ServiceState], **options: Any) -> MetricsServer:
     """A MetricsServer on a free loopback port, alive and ready, serving ``read_state``; started."""
     registry = build_registry(read_state, backend="torch", framework_version="")
     server = MetricsServer(
-        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), **options
+        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), landing=landing, **options
     )
     server.start()
     return server

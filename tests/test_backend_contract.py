@@ -18,16 +18,24 @@ from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.bench.timing import measure
 from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from monitor.model import DTYPES, GPU_PROBLEM, MODES, DeviceFailure, DeviceInfo, Measurement, Mode, SweepResult
+from monitor.model import (
+    BACKENDS,
+    BUILTIN_BACKENDS,
+    DTYPES,
+    GPU_PROBLEM,
+    MODES,
+    DeviceFailure,
+    DeviceInfo,
+    Measurement,
+    Mode,
+    SweepResult,
+)
 from monitor.protocol import Environment, Message
 from monitor.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan, with_bench
 
 pytestmark = pytest.mark.framework
 
-BACKENDS = ("tensorflow", "torch", "jax")
-# How each framework names the first GPU; none exists here, so asking for it must fail, never fall back.
-GPU_NAMES = {"tensorflow": "/GPU:0", "torch": "cuda:0", "jax": "gpu:0"}
 # Unit roundoff doubled (machine epsilon) per dtype; every backend multiplies all four on the CPU.
 EPSILON = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 CHECK_SIZE = 64
@@ -106,7 +114,7 @@ def test_run_plan_emits_environment_devices_and_measurements(backend: CheckedBac
 def test_a_missing_gpu_is_a_fatal_failure_not_a_cpu_timing(backend: CheckedBackend) -> None:
     """Asking for a GPU this machine lacks emits a fatal DeviceFailure and times nothing in its place."""
     messages: list[Message] = []
-    gpu = GPU_NAMES[backend.name]
+    gpu = BUILTIN_BACKENDS[backend.name].gpu_device(0)  # none exists here: asking for it must fail, never fall back
     plan = with_bench(make_plan(backend.name, sizes=(8,)), devices=(gpu,))
     run_plan(plan, backend, messages.append, time.perf_counter)
     failures = [m for m in messages if isinstance(m, DeviceFailure)]
@@ -118,7 +126,7 @@ def test_a_missing_gpu_is_a_fatal_failure_not_a_cpu_timing(backend: CheckedBacke
 @pytest.mark.parametrize("device_name", ["gpu", "nonsense"])
 def test_prepare_refuses_a_device_it_does_not_know(backend: CheckedBackend, device_name: str) -> None:
     """prepare() for a device the backend did not discover raises, rather than running somewhere else."""
-    name = GPU_NAMES[backend.name] if device_name == "gpu" else "npu:3"
+    name = BUILTIN_BACKENDS[backend.name].gpu_device(0) if device_name == "gpu" else "npu:3"
     device = DeviceInfo(backend=backend.name, device=name, kind="gpu", name="NVIDIA H200")
     with pytest.raises((DeviceUnavailable, PlacementError), match=name):
         backend.prepare(device, 16, "float32", "compute")

@@ -1,10 +1,20 @@
-"""The derived facts named once in monitor.model: which GPU is compared with which CPU, and each device's state."""
+"""The derived facts named once in monitor.model: the built-in backends, which GPU is compared with which CPU, and each
+device's state."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+from pathlib import Path
 from typing import Any
 
+from monitor.bench.registry import BUILTIN
+from monitor.daemon import framework_version
 from monitor.model import (
+    BACKENDS,
+    BUILTIN_BACKENDS,
+    Crossover,
+    CrossoverState,
     DeviceFailure,
     DeviceInfo,
     DeviceState,
@@ -19,6 +29,26 @@ GPU0 = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
 GPU1 = DeviceInfo(backend="fake", device="/GPU:1", kind="gpu", name="gpu")
 TORCH_CPU = DeviceInfo(backend="torch", device="cpu", kind="cpu", name="cpu")
 TORCH_GPU = DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="gpu")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_each_builtin_backend_has_its_module_and_the_distribution_the_build_info_reports() -> None:
+    """One table: each built-in backend is monitor/bench/<name>_backend.py, and its framework's version is found
+    (the test environment installs all three); a plugin's is not known."""
+    assert tuple(BUILTIN) == BACKENDS
+    for name, builtin in BUILTIN_BACKENDS.items():
+        assert (REPO / "monitor" / "bench" / f"{name}_backend.py").is_file()
+        assert framework_version(name) == importlib.metadata.version(builtin.distributions[0])
+    assert framework_version("package.module:attribute") == ""
+    assert BUILTIN_BACKENDS["tensorflow"].gpu_device(1) == "/GPU:1"
+
+
+def test_the_example_configuration_names_every_builtin_backend() -> None:
+    """The comment above benchmark.backend (copied into the Kubernetes ConfigMap) lists the table's backends."""
+    lines = (REPO / "deploy" / "config.example.yaml").read_text(encoding="utf-8").splitlines()
+    comment = lines[lines.index("  backend: tensorflow") - 1]
+    listed = comment.removeprefix("  # ").partition(";")[0]
+    assert re.findall(r"\w+", listed.replace(" (default)", "").replace(" or ", ", ")) == list(BACKENDS)
 
 
 def test_each_cpu_is_paired_with_the_gpus_of_its_own_backend_in_order() -> None:
@@ -31,6 +61,17 @@ def test_a_cpu_without_a_gpu_beside_it_is_paired_with_none() -> None:
     """A CPU with no GPU of its backend is paired with none; a GPU with no CPU makes no pair."""
     assert gpu_cpu_pairs([CPU, TORCH_GPU]) == ((CPU, ()),)
     assert gpu_cpu_pairs([GPU0]) == ()
+
+
+def test_a_crossover_names_its_pair_or_the_cpu_alone_where_there_was_no_gpu() -> None:
+    found = Crossover(
+        backend="fake", gpu="/GPU:0", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.FOUND
+    )
+    assert found.pair_label == "/GPU:0 vs /CPU:0"
+    alone = Crossover(
+        backend="fake", gpu="none", cpu="/CPU:0", dtype="float32", mode="compute", state=CrossoverState.NO_GPU
+    )
+    assert alone.pair_label == "/CPU:0"
 
 
 def _states(**fields: Any) -> dict[str, tuple[DeviceState, str]]:

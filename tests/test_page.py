@@ -20,7 +20,7 @@ from monitor.server import MetricsServer
 from monitor.settings import Settings
 from tests.builders import FULL_SNAPSHOT
 from tests.conftest import tool
-from tests.service import RunningService, fake_config, http_get, wait_until
+from tests.service import RunningService, fake_config, http_get, landing, wait_until
 
 NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
 DRAWN = page.PictureState.DRAWN
@@ -263,7 +263,13 @@ def test_sweep_svg_answers_where_the_picture_stands(looked: page.Picture, status
     """/sweep.svg answers by where the chart stands: the SVG, or a status that says why not."""
     registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
     server = MetricsServer(
-        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), picture=lambda: looked
+        "127.0.0.1",
+        0,
+        registry,
+        healthy=lambda: (True, "ok"),
+        ready=lambda: (True, "ok"),
+        landing=landing,
+        picture=lambda: looked,
     )
     server.start()
     host, port = server.address

@@ -28,6 +28,7 @@ from monitor.server import MetricsServer
 from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
+from tests.service import landing
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (the plot extra) is not installed")
@@ -73,7 +74,9 @@ def serve() -> Iterator[Callable[[ServiceState], str]]:
 
     def start(state: ServiceState) -> str:
         registry = build_registry(lambda: state, backend="fake", framework_version="1.0")
-        server = MetricsServer("127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"))
+        server = MetricsServer(
+            "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), landing=landing
+        )
         server.start()
         servers.append(server)
         host, port = server.address

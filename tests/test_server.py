@@ -9,7 +9,7 @@ import pytest
 from monitor.metrics import build_registry
 from monitor.model import ServiceState
 from monitor.server import MetricsServer
-from tests.service import http_get, started_server
+from tests.service import http_get, landing, started_server
 
 
 def _broken_state() -> ServiceState:
@@ -19,7 +19,9 @@ def _broken_state() -> ServiceState:
 @pytest.fixture
 def broken_server() -> Iterator[str]:
     registry = build_registry(_broken_state, backend="tensorflow", framework_version="")
-    server = MetricsServer("127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"))
+    server = MetricsServer(
+        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"), landing=landing
+    )
     server.start()
     host, port = server.address
     try:
@@ -55,7 +57,9 @@ def test_head_answers_like_get_without_a_body(path: str) -> None:
     import http.client  # noqa: PLC0415
 
     registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
-    server = MetricsServer("127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"))
+    server = MetricsServer(
+        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"), landing=landing
+    )
     server.start()
     host, port = server.address
     try:

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, calibrate, measure, median_and_iqr
-from monitor.model import StopReason
+from monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, calibrate, measure, median_and_iqr, with_visit
+from monitor.model import StopReason, Timing
 from monitor.settings import TimingSettings
 
 
@@ -75,6 +75,17 @@ def test_noisy_device_stops_at_max_blocks_and_is_flagged() -> None:
     assert timing.blocks == 12
     assert timing.noisy is True
     assert timing.relative_iqr > 0.05
+
+
+def test_a_visit_adds_its_median_and_a_zero_median_is_noisy_not_a_division_by_zero() -> None:
+    """The visits' spread is held to the target as the blocks' is; at a zero median (a broken clock) it is infinite."""
+    first = Timing(median_s=1e-3, iqr_s=0.0, blocks=5, calls_per_block=1, stop_reason=StopReason.CONVERGED, noisy=False)
+    steady = with_visit(first, dataclasses.replace(first, blocks=3), target_spread=0.05)
+    assert (steady.visits_s, steady.blocks, steady.noisy) == ((1e-3, 1e-3), 8, False)
+    assert with_visit(steady, dataclasses.replace(first, median_s=2e-3), target_spread=0.05).noisy is True
+    stopped = dataclasses.replace(first, median_s=0.0)
+    assert with_visit(stopped, stopped, target_spread=0.05).noisy is True
+    assert stopped.relative_iqr == float("inf")
 
 
 def test_budget_stops_a_slow_point_after_the_minimum_blocks() -> None:

@@ -30,6 +30,7 @@ from monitor.model import (
     WithheldReason,
     canonical_device,
     gpu_cpu_pairs,
+    speedup,
 )
 from monitor.protocol import Environment, Message, Plan, Started
 from monitor.settings import GuardSettings, TimingSettings
@@ -241,7 +242,7 @@ class _Session:
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
         cpu_time = self.timings.get((cpu.device, dtype, mode, size))
         gpu_time = self.timings.get((gpu.device, dtype, mode, size))
-        return cpu_time.median_s / gpu_time.median_s if cpu_time is not None and gpu_time is not None else None
+        return speedup(cpu_time.median_s, gpu_time.median_s) if cpu_time is not None and gpu_time is not None else None
 
     def curve(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode) -> list[SpeedupPoint]:
         """The pair's speed-ups so far, at every size both have (the n=1 probe aside), visits paired."""
@@ -347,11 +348,12 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
     refine = session.plan.bench.refine
     cpus = [d for d in devices if d.kind == "cpu"]
     gpus = [d for d in devices if d.kind == "gpu"]
+    pairs = gpu_cpu_pairs(devices)
     done: set[int] = set()
     for _ in range(_REFINE_ROUNDS):
         wanted: set[int] = set()
-        for cpu in cpus:
-            for gpu in gpus:
+        for cpu, paired in pairs:
+            for gpu in paired:
                 wanted |= _sizes_to_visit(session.curve(cpu, gpu, dtype, mode), refine.spacing)
         sizes = sorted(wanted - done)
         if not sizes:

@@ -28,7 +28,7 @@ from monitor.bench.common import (
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.nogpu import Facts, cuda_libraries, explain, missing_libraries, nvidia_wheel_dirs, read_host
 from monitor.errors import DeviceUnavailable, MeasurementFailed
-from monitor.model import GPU_PROBLEM, DeviceInfo, Mode
+from monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, DeviceInfo, Mode
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
 _CUDA_EXTRA = (
@@ -83,7 +83,7 @@ class TensorFlowBackend:
             devices.append(
                 DeviceInfo(
                     backend=self.name,
-                    device=f"/GPU:{index}",
+                    device=BUILTIN_BACKENDS[self.name].gpu_device(index),
                     kind="gpu",
                     name=str(details.get("device_name", "GPU")),
                     details=extra,

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from monitor.bench.contract import RunBlock
-from monitor.model import StopReason, Timing
+from monitor.model import StopReason, Timing, relative_iqr
 from monitor.settings import TimingSettings
 
 Clock = Callable[[], float]
@@ -26,11 +26,6 @@ def median_and_iqr(samples: Sequence[float]) -> tuple[float, float]:
         return median, 0.0
     q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
     return median, q3 - q1
-
-
-def relative_iqr(samples: Sequence[float]) -> float:
-    median, iqr = median_and_iqr(samples)
-    return iqr / median if median > 0 else math.inf
 
 
 def _timed(run: RunBlock, calls: int, clock: Clock) -> float:
@@ -65,7 +60,7 @@ def measure(run: RunBlock, settings: TimingSettings, clock: Clock, *, calls: int
     while True:
         samples.append(_timed(run, calls, clock) / calls)
         count = len(samples)
-        spread = relative_iqr(samples)
+        spread = relative_iqr(*median_and_iqr(samples))
         if count >= settings.min_blocks and spread <= settings.target_spread:
             reason = StopReason.CONVERGED
             break
@@ -101,7 +96,7 @@ def with_visit(timing: Timing, visit: Timing, target_spread: float) -> Timing:
         median_s=median,
         iqr_s=iqr,
         blocks=timing.blocks + visit.blocks,
-        noisy=iqr / median > target_spread,
+        noisy=relative_iqr(median, iqr) > target_spread,
         samples_s=timing.samples_s + visit.samples_s,
         visits_s=visits,
     )

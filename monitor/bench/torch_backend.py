@@ -25,7 +25,7 @@ from monitor.bench.common import (
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.nogpu import Facts, explain, read_host
 from monitor.errors import DeviceUnavailable, MeasurementFailed
-from monitor.model import GPU_PROBLEM, DeviceInfo, Mode
+from monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, DeviceInfo, Mode
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
@@ -59,7 +59,7 @@ class TorchBackend:
             devices.append(
                 DeviceInfo(
                     backend=self.name,
-                    device=f"cuda:{index}",
+                    device=BUILTIN_BACKENDS[self.name].gpu_device(index),
                     kind="gpu",
                     name=gpu.name,
                     details=(
