@@ -27,6 +27,7 @@ class BuiltinBackend:
     # The installed packages that carry the framework, the first found giving its version (build info).
     distributions: tuple[str, ...]
     gpu_prefix: str  # how the framework names its GPUs: this and the index, e.g. "/GPU:0"
+    install: str  # what pip installs to bring the framework
 
     def gpu_device(self, index: int) -> str:
         return f"{self.gpu_prefix}{index}"
@@ -36,10 +37,15 @@ class BuiltinBackend:
 BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
     b.name: b
     for b in (
-        BuiltinBackend(name="tensorflow", distributions=("tensorflow", "tensorflow-cpu"), gpu_prefix="/GPU:"),
-        BuiltinBackend(name="torch", distributions=("torch",), gpu_prefix="cuda:"),
+        BuiltinBackend(
+            name="tensorflow",
+            distributions=("tensorflow", "tensorflow-cpu"),
+            gpu_prefix="/GPU:",
+            install="crossover-monitor",  # a dependency of the package itself; [cuda] adds its CUDA libraries
+        ),
+        BuiltinBackend(name="torch", distributions=("torch",), gpu_prefix="cuda:", install="crossover-monitor[torch]"),
         # The JAX backend names a device by its platform, as JAX does: "gpu" for CUDA and ROCm GPUs alike.
-        BuiltinBackend(name="jax", distributions=("jax",), gpu_prefix="gpu:"),
+        BuiltinBackend(name="jax", distributions=("jax",), gpu_prefix="gpu:", install="crossover-monitor[jax]"),
     )
 }
 BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)

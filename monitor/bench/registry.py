@@ -6,7 +6,7 @@ import importlib
 
 from monitor.bench.contract import Backend, BackendFactory, BackendOptions
 from monitor.errors import BackendUnavailable
-from monitor.model import BACKENDS
+from monitor.model import BACKENDS, BUILTIN_BACKENDS
 
 BUILTIN = {name: f"monitor.bench.{name}_backend:create" for name in BACKENDS}
 
@@ -18,7 +18,8 @@ def load_backend(name: str, options: BackendOptions) -> Backend:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        hint = f" (install the extra: pip install 'crossover-monitor[{name}]')" if name in BUILTIN else ""
+        builtin = BUILTIN_BACKENDS.get(name)
+        hint = f" (install it: pip install '{builtin.install}')" if builtin is not None else ""
         raise BackendUnavailable(name, f"cannot import {exc.name or module_name}: {exc}{hint}") from None
     factory: BackendFactory | None = getattr(module, attribute, None)
     if factory is None:
