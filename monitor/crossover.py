@@ -256,7 +256,7 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
     found but measured nothing gets no crossover (its ``matmul_device_up`` says why).
     """
-    # The n=1 fixed-cost probe was not asked for: it must not sway the state.
+    # The n=1 fixed-cost point was not asked for: it must not sway the state.
     curves = {
         (key.backend, key.device, key.dtype, key.mode): {n: m.timing for n, m in points.items()}
         for key, points in group_curves(measurements, roles=("sweep", "refine")).items()

@@ -87,9 +87,10 @@ class _CrossoverRow:
 
 
 # The served state's JSON is {"format": SERVED_FORMAT, "served": {...}}. Format 1 is the bare object
-# that releases before the version was written stored: read as it is. Bump it when a field of _Served
-# (or of what it holds) is renamed or changes meaning, and read the older format here too.
-SERVED_FORMAT = 2
+# that releases before the version was written stored. Bump it when a field of _Served (or of what it
+# holds) is renamed or changes meaning, and bring the older formats up to it in _upgraded.
+# Format 3: the n = 1 point's role is "fixed_cost" (it was "probe").
+SERVED_FORMAT = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,7 +214,7 @@ class RunHistory:
                     f" (format {written_as}; this one reads up to {SERVED_FORMAT}); starting without it"
                 )
                 return None
-            served = from_data(_Served, data)
+            served = from_data(_Served, _upgraded(data, written_as))
         except (ValueError, DecodeError) as exc:  # a file from an incompatible version of this program
             log.warning(f"run history: the served state in {self.path} cannot be read ({exc}); starting without it")
             return None
@@ -374,6 +375,16 @@ def _problem_with(path: Path, *, ours: bool = False) -> str | None:
     except sqlite3.DatabaseError as exc:
         return f"is not a readable database ({exc})"
     return None
+
+
+def _upgraded(data: Any, written_as: int) -> Any:
+    """The served state of an older format as this one writes it (still to be checked by the codec)."""
+    latest = data.get("latest") if isinstance(data, dict) else None
+    if written_as < 3 and isinstance(latest, dict) and isinstance(latest.get("measurements"), list):  # noqa: PLR2004
+        for measurement in latest["measurements"]:
+            if isinstance(measurement, dict) and measurement.get("role") == "probe":
+                measurement["role"] = "fixed_cost"
+    return data
 
 
 def _without_snapshot(outcome: SweepOutcome | None) -> SweepOutcome | None:

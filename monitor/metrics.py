@@ -359,7 +359,7 @@ class StateCollector(Collector):
         if state.latest is None:
             return
         duration, iqr, noisy, flops = (_gauge(n) for n in (DURATION, DURATION_IQR, DURATION_NOISY, FLOPS))
-        # Only configured sizes become series: probe and refinement sizes vary between sweeps.
+        # Only configured sizes become series: the fixed-cost point and refinement sizes vary between sweeps.
         for m in (m for m in state.latest.measurements if m.role == "sweep"):
             labels = _label_values(DURATION, m.key)  # the four point gauges' alike
             duration.add_metric(labels, m.timing.median_s)

@@ -10,10 +10,10 @@ from typing import Literal
 
 Mode = Literal["compute", "end_to_end"]
 DeviceKind = Literal["cpu", "gpu"]
-# sweep: a configured size; probe: the n=1 point timed for the fixed cost when 1 is not configured;
+# sweep: a configured size; fixed_cost: the n=1 point timed for the fixed cost when 1 is not configured;
 # refine: a size added between the two configured sizes around a crossover, to locate it. Only sweep
 # points become duration series.
-Role = Literal["sweep", "probe", "refine"]
+Role = Literal["sweep", "fixed_cost", "refine"]
 
 MODES: tuple[Mode, ...] = ("compute", "end_to_end")
 DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
@@ -209,7 +209,9 @@ class CurveKey:
 Curves = dict[CurveKey, dict[int, Measurement]]
 
 
-def curves(measurements: Iterable[Measurement], *, roles: Collection[Role] = ("sweep", "probe", "refine")) -> Curves:
+def curves(
+    measurements: Iterable[Measurement], *, roles: Collection[Role] = ("sweep", "fixed_cost", "refine")
+) -> Curves:
     """The measurements grouped into curves, size -> measurement, in the order first seen (only the given roles)."""
     found: Curves = {}
     for m in measurements:

@@ -204,7 +204,9 @@ class Progress:
     """
 
     def __init__(self, plan: Plan, stream: TextIO) -> None:
-        sizes = len(plan.bench.sizes) + (0 if 1 in plan.bench.sizes else 1)  # the n=1 probe when 1 is not configured
+        sizes = len(plan.bench.sizes) + (
+            0 if 1 in plan.bench.sizes else 1
+        )  # the n=1 fixed-cost point when 1 is not configured
         self._per_device = sizes * len(plan.bench.dtypes) * len(plan.bench.modes)
         self._devices = 0
         self._done: set[PointKey] = set()  # a point timed again (refinement's visits) counts once

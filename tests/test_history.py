@@ -27,7 +27,7 @@ from monitor.model import (
     WithheldReason,
 )
 from monitor.report import render_history
-from tests.builders import FULL_SNAPSHOT
+from tests.builders import FULL_SNAPSHOT, measurement
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
 
@@ -373,3 +373,21 @@ def test_a_run_row_whose_details_cannot_be_read_is_listed_with_why(tmp_path: Pat
     assert (run.kind, run.result, run.devices, run.crossovers) == ("sweep", "success", (), ())
     assert run.reason.startswith("this row's details cannot be read (devices[0]")
     assert "this row's details cannot be read" in render_history([run])
+
+
+def test_a_served_state_of_format_2_restores_its_n1_point_under_the_new_role(tmp_path: Path) -> None:
+    """Format 2 named the n = 1 point's role "probe"; format 3 "fixed_cost": the older file still restores."""
+    fixed_cost = measurement("cuda:0", 1, 1e-5, role="fixed_cost")
+    served = dataclasses.replace(FULL_SNAPSHOT, measurements=(*FULL_SNAPSHOT.measurements, fixed_cost))
+    state = dataclasses.replace(served_after(SUCCESS), latest=served)
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, state, "torch")
+    history.close()
+    stored = _stored_state(tmp_path)
+    assert isinstance(stored, dict)
+    as_format_2 = json.loads(json.dumps(stored["served"]).replace('"role": "fixed_cost"', '"role": "probe"'))
+    assert '"probe"' in json.dumps(as_format_2)
+    _store_state(tmp_path, {"format": 2, "served": as_format_2})
+    restored = RunHistory.open(tmp_path, keep_runs=10).restore()
+    assert restored is not None
+    assert restored[0].latest == served

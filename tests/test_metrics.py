@@ -30,7 +30,7 @@ PAIR = {"backend": "tensorflow", "gpu": "/GPU:0", "cpu": "/CPU:0", "dtype": "flo
 
 
 def _snapshot(at: float) -> Snapshot:
-    """A sweep ending at ``at``: the GPU's points (a swept size, the n=1 probe, a refined size), n*, a cost model."""
+    """A sweep ending at ``at``: the GPU's points (swept, fixed-cost n=1, refined), its n* and a cost model."""
 
     def point(size: int, role: Role = "sweep") -> Measurement:
         return builders.measurement("/GPU:0", size, 2e-3, backend="tensorflow", role=role, iqr_s=1e-4)
@@ -38,7 +38,7 @@ def _snapshot(at: float) -> Snapshot:
     found = builders.crossover(backend="tensorflow", size=300.0, lower=256, upper=512, ci_lower=280.0, ci_upper=330.0)
     return builders.snapshot(
         (CPU, GPU),
-        (point(1024), point(1, "probe"), point(362, "refine")),
+        (point(1024), point(1, "fixed_cost"), point(362, "refine")),
         started_at=at - 10,
         finished_at=at,
         crossovers=(found,),
@@ -102,8 +102,8 @@ def test_successful_sweep_exports_timings_crossover_and_bracket() -> None:
     assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 1
 
 
-def test_fixed_cost_and_peak_rate_are_exported_but_probe_and_refined_sizes_are_not_series() -> None:
-    """The cost model is exported per device; the n=1 probe and refined sizes never become duration series."""
+def test_fixed_cost_and_peak_rate_are_exported_but_fixed_cost_and_refined_sizes_are_not_series() -> None:
+    """The cost model is exported per device; n=1 and refined sizes never become series."""
     store = StateStore()
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
     registry = _registry(store)

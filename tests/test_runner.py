@@ -1,4 +1,4 @@
-"""The worker's runner: fixed-cost probe, crossover refinement in visits, CPU skipping and retries, on a known curve."""
+"""The worker's runner: the fixed-cost point, refinement in visits, CPU skipping and retries, on a known curve."""
 
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def _run(plan: Plan) -> tuple[list[DeviceInfo], list[Measurement]]:
     return devices, [m for m in messages if isinstance(m, Measurement)]
 
 
-def test_n1_is_probed_for_the_fixed_cost_when_not_configured() -> None:
-    """Without 1 in the sizes, each device still gets a probe at n=1, and the cost model uses it."""
+def test_n1_is_timed_for_the_fixed_cost_when_not_configured() -> None:
+    """Without 1 in the sizes, each device is still timed at n=1, and the cost model uses it."""
     _, measurements = _run(make_plan("tests.fakes:curve", modes=("compute",)))
-    probes = [m for m in measurements if m.role == "probe"]
-    assert {(m.key.device, m.key.size) for m in probes} == {("/CPU:0", 1), ("/GPU:0", 1)}
+    fixed_cost_points = [m for m in measurements if m.role == "fixed_cost"]
+    assert {(m.key.device, m.key.size) for m in fixed_cost_points} == {("/CPU:0", 1), ("/GPU:0", 1)}
     costs = {c.device: c for c in cost_models(measurements)}
     assert costs["/GPU:0"].fixed_s > costs["/CPU:0"].fixed_s  # the fake GPU's 100 µs launch cost
     assert costs["/GPU:0"].peak_flops is not None
@@ -116,7 +116,7 @@ def _noisy_sweep_and_points(seed: int, *, refine: bool, process_spread: float) -
     latest = {m.key: m for m in messages if isinstance(m, Measurement)}  # a later visit's message replaces
     devices = [m for m in messages if isinstance(m, DeviceInfo)]
     (crossover,) = crossovers(devices, latest.values())
-    timings = {(m.key.device, m.key.size): m.timing for m in latest.values() if m.role != "probe"}
+    timings = {(m.key.device, m.key.size): m.timing for m in latest.values() if m.role != "fixed_cost"}
     points = [
         speedup_point(n, timing, timings["/GPU:0", n]) for (device, n), timing in timings.items() if device == "/CPU:0"
     ]
@@ -208,14 +208,14 @@ def test_impossible_medians_are_failures_not_numbers() -> None:
     assert all("impossible median" in f.reason and f.point is not None for f in failures)
 
 
-def test_the_fixed_cost_probe_does_not_sway_the_crossover() -> None:
-    """A GPU 'win' at the unasked-for n=1 probe does not turn a clean crossing into 'ambiguous'."""
+def test_the_fixed_cost_point_does_not_sway_the_crossover() -> None:
+    """A GPU 'win' at the unasked-for n=1 point does not turn a clean crossing into 'ambiguous'."""
 
     def m(device: str, size: int, seconds: float, role: Role = "sweep") -> Measurement:
         return measurement(device, size, seconds, role=role)
 
     cpu, gpu = CurveBackend(BackendOptions(tf32=False, cpu_threads=1)).discover()
-    measurements = [m("/CPU:0", 1, 2.0, "probe"), m("/GPU:0", 1, 1.0, "probe")]
+    measurements = [m("/CPU:0", 1, 2.0, "fixed_cost"), m("/GPU:0", 1, 1.0, "fixed_cost")]
     measurements += [m("/CPU:0", 16, 1.0), m("/GPU:0", 16, 2.0), m("/CPU:0", 64, 4.0), m("/GPU:0", 64, 1.0)]
     (crossover,) = crossovers([cpu, gpu], measurements)
     assert crossover.state is CrossoverState.FOUND
@@ -299,10 +299,10 @@ def test_a_retry_of_a_still_busy_gpu_times_nothing_at_all() -> None:
 
 def test_a_retry_stops_as_soon_as_its_gpus_are_busy_again() -> None:
     """A retry whose GPU turns out busy after its first point times no further CPU point."""
-    probe = FakeSampler(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
-    _, messages = run_guarded(fake_guard(probe), _retry_plan())
+    sampler = FakeSampler(lambda look: IDLE if look <= 2 else dataclasses.replace(IDLE, processes=(JOB,)))
+    _, messages = run_guarded(fake_guard(sampler), _retry_plan())
     assert withheld_in(messages)
-    assert len(timed_on(messages, "/CPU:0")) == 1  # the n=1 probe before the GPU's; nothing after
+    assert len(timed_on(messages, "/CPU:0")) == 1  # the n=1 point before the GPU's; nothing after
 
 
 def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:

@@ -41,7 +41,7 @@ def test_known_curves_give_a_successful_sweep_with_the_right_crossover() -> None
     assert outcome.snapshot is not None
     roles = [m.role for m in outcome.snapshot.measurements]
     assert roles.count("sweep") == 4 * 2 * 2
-    assert roles.count("probe") == 2 * 2  # n=1 per device and mode, for the fixed cost
+    assert roles.count("fixed_cost") == 2 * 2  # n=1 per device and mode, for the fixed cost
     compute = next(c for c in outcome.snapshot.crossovers if c.mode == "compute")
     assert compute.state is CrossoverState.FOUND
     assert (compute.lower, compute.upper) == (32, 64)

@@ -245,14 +245,14 @@ class _Session:
         return speedup(cpu_time.median_s, gpu_time.median_s) if cpu_time is not None and gpu_time is not None else None
 
     def curve(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode) -> list[SpeedupPoint]:
-        """The pair's speed-ups so far, at every size both have (the n=1 probe aside), visits paired."""
+        """The pair's speed-ups so far, at every size both have (the n=1 fixed-cost point aside), visits paired."""
         return [
             speedup_point(n, timing, self.timings[(gpu.device, dt, md, n)])
             for (device, dt, md, n), timing in self.timings.items()
             if device == cpu.device
             and (dt, md) == (dtype, mode)
             and (gpu.device, dt, md, n) in self.timings
-            and self.roles[(device, dt, md, n)] != "probe"
+            and self.roles[(device, dt, md, n)] != "fixed_cost"
         ]
 
 
@@ -282,7 +282,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
         for mode in plan.bench.modes:
             if 1 not in plan.bench.sizes:
                 for device in devices:
-                    session.point(device, 1, dtype, mode, "probe")
+                    session.point(device, 1, dtype, mode, "fixed_cost")
             _sweep_sizes(session, devices, dtype, mode)
             if plan.bench.refine.enabled and refine_left > 0:
                 started = clock()
