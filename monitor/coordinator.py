@@ -11,9 +11,8 @@ import logging
 import threading
 import time
 
-from monitor.carry import trimmed
 from monitor.history import RunHistory
-from monitor.model import Snapshot, SweepOutcome, SweepResult
+from monitor.model import SweepOutcome, SweepResult
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
@@ -30,11 +29,6 @@ _OVERDUE_AFTER_S = 120.0
 # How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
 # unit's TimeoutStopSec and the pod's terminationGracePeriodSeconds must leave room for it.
 STOP_WAIT_S = KILL_GRACE_S * 2 + 1
-
-
-def trimmed_to_settings(snapshot: Snapshot, settings: Settings) -> Snapshot:
-    """The snapshot without the sizes and devices ``settings`` no longer ask for (after a reload or a restart)."""
-    return trimmed(snapshot, sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
 
 
 class SweepCoordinator:
@@ -210,8 +204,6 @@ class SweepCoordinator:
 
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
-        if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
-            outcome = dataclasses.replace(outcome, snapshot=trimmed_to_settings(outcome.snapshot, self._settings))
         fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)

@@ -19,7 +19,8 @@ from pathlib import Path
 from types import FrameType
 
 from monitor import __version__, page, systemd
-from monitor.coordinator import SweepCoordinator, trimmed_to_settings
+from monitor.carry import Wanted
+from monitor.coordinator import SweepCoordinator
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
 from monitor.metrics import build_registry
@@ -62,8 +63,13 @@ def open_history(settings: Settings) -> RunHistory | None:
         return None
 
 
+def wanted(settings: Settings) -> Wanted:
+    """What ``settings`` ask to serve: the served state keeps no other sizes' or devices' series."""
+    return Wanted(sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
+
+
 def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:
-    """What was served before the restart, trimmed to the configuration now; None for a first start."""
+    """What was served before the restart (if the same backend timed it); None for a first start."""
     restored = None if history is None else history.restore()
     if restored is None or history is None:
         return None
@@ -73,8 +79,6 @@ def restored_state(history: RunHistory | None, settings: Settings) -> ServiceSta
     if latest is not None and backend != bench.backend:
         log.info("run history: the served results were timed with another backend; not served again")
         latest = None
-    elif latest is not None:
-        latest = trimmed_to_settings(latest, settings)
     ended = "none" if latest is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(latest.finished_at))
     log.info(
         "run history: resumed",
@@ -108,7 +112,7 @@ class Service:
         self._history = open_history(settings)
         self._picture = SweepPicture()
         self._store = StateStore(restored_state(self._history, settings))
-        self._store.record_config(loaded=True, at=time.time())
+        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(settings))  # trims what was restored
         self._stopping = threading.Event()
         self._sweeps = SweepCoordinator(settings, self._store, self._history, launch=launch)
         backend = settings.benchmark.backend
@@ -210,11 +214,7 @@ class Service:
             new = dataclasses.replace(new, server=self._settings.server)
         self._settings = new
         self._sweeps.use(new)
-        self._store.record_config(
-            loaded=True,
-            at=time.time(),
-            keep=lambda snapshot: trimmed_to_settings(snapshot, new),
-        )
+        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(new))
         log.info("configuration reloaded", extra={"config": new.source})
         return True
 
