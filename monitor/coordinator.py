@@ -42,6 +42,7 @@ class SweepCoordinator:
         self._manual_lock = threading.Lock()
         self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
         self._remember_lock = threading.Lock()
+        self._next_sweep_lock = threading.Lock()
         self._stopping = threading.Event()
         self._cancel_sweep = threading.Event()
         self._sweep_idle = threading.Event()
@@ -61,15 +62,21 @@ class SweepCoordinator:
     def start(self) -> None:
         """Start the schedule: the first sweep runs right away."""
         self._scheduler.start()
+        self._note_next_sweep()
 
-    def next_run_at(self) -> float | None:
-        return self._scheduler.next_run_at()
+    def _note_next_sweep(self) -> None:
+        """The schedule's next sweep into the served state, after each change to it: its start, a reload,
+        each scheduled sweep as it begins (or is skipped). Read and recorded together, so that of two
+        changes at once the later one's time stays."""
+        with self._next_sweep_lock:
+            self._store.record_next_sweep(self._scheduler.next_run_at())
 
     def use(self, settings: Settings) -> None:
         """Settings reloaded: the schedule changes now, the rest for the next sweep (one in flight keeps its plan)."""
         self._settings = settings
         schedule = settings.schedule
         self._scheduler.reschedule(interval_s=schedule.interval_s, cron=schedule.cron, jitter_s=schedule.jitter_s)
+        self._note_next_sweep()
 
     def stop(self) -> bool:
         """No more sweeps; the one in flight is cancelled. False if it did not end within STOP_WAIT_S."""
@@ -120,6 +127,7 @@ class SweepCoordinator:
                 self._manual_pending = False
 
     def _sweep(self) -> None:
+        self._note_next_sweep()  # the scheduler set the following sweep's time before it began this one
         plan = Plan(bench=self._settings.benchmark, guard=self._settings.guard, given_up=tuple(sorted(self._given_up)))
         self._run_worker(plan, retry=False)
 
@@ -181,6 +189,7 @@ class SweepCoordinator:
             log.exception("could not schedule a retry of busy GPUs")
 
     def _skipped(self, reason: str) -> None:
+        self._note_next_sweep()
         self._store.record_skipped()
         self._remember("skipped", None, reason)
 

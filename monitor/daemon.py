@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import os
@@ -23,7 +24,7 @@ from monitor.carry import Wanted
 from monitor.coordinator import SweepCoordinator
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
-from monitor.metrics import build_registry
+from monitor.metrics import render_state
 from monitor.model import ServiceState
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
@@ -116,13 +117,15 @@ class Service:
         self._stopping = threading.Event()
         self._sweeps = SweepCoordinator(settings, self._store, self._history, launch=launch)
         backend = settings.benchmark.backend
-        registry = build_registry(self.read_state, backend=backend, framework_version=framework_version(backend))
         server = settings.server
         try:
             self._server = MetricsServer(
                 server.host,
                 server.port,
-                registry,
+                self.read_state,
+                render_metrics=functools.partial(
+                    render_state, backend=backend, framework_version=framework_version(backend)
+                ),
                 healthy=self.healthy,
                 ready=self.ready,
                 web=gate,
@@ -130,7 +133,6 @@ class Service:
                 if enable_lifecycle
                 else None,
                 landing=self._landing_page,
-                freshness=lambda: (self._store.read(), self._sweeps.next_run_at()),
                 picture=lambda: self._picture.look(self._store.read()),
             )
         except OSError as exc:
@@ -141,7 +143,7 @@ class Service:
         return self._server.address
 
     def read_state(self) -> ServiceState:
-        return dataclasses.replace(self._store.read(), next_sweep_at=self._sweeps.next_run_at())
+        return self._store.read()
 
     def healthy(self) -> tuple[bool, str]:
         problem = self._sweeps.stuck()

@@ -72,6 +72,12 @@ class StateStore:
                     changes["latest"] = trimmed(state.latest, wanted)
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
+    def record_next_sweep(self, at: float | None) -> None:
+        """When the schedule's next sweep is due; the same time again leaves the state (and its /metrics) as it is."""
+        with self._lock:
+            if at != self._state.next_sweep_at:
+                self._state = dataclasses.replace(self._state, next_sweep_at=at)
+
     def record_skipped(self) -> None:
         with self._lock:
             self._state = self._counted(self._state, SweepResult.SKIPPED)
