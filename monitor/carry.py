@@ -1,16 +1,44 @@
-"""Pure: the snapshot to serve, when a sweep could not time every device because others were using some.
+"""Pure: what to serve, from what was served and a sweep's (or a retry's) new snapshot (``served``).
 
 A device withheld as busy keeps its last good timings, costs, hardware context and crossovers,
 each with the time it was measured, instead of losing its series or showing disturbed figures.
 A retry that times only the busy GPUs (and the CPU to compare them with) is laid over the served
-snapshot the same way.
+snapshot the same way. What the configuration no longer asks for is not served (``trimmed``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from monitor.model import CrossoverState, Snapshot, canonical_device
+from monitor.crossover import with_recent_moves
+from monitor.model import CrossoverState, RecentCrossovers, Snapshot, canonical_device
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wanted:
+    """What the configuration asks to serve: its sizes' duration series and, when it lists them, only its devices."""
+
+    sizes: tuple[int, ...]
+    devices: tuple[str, ...] | None = None  # None: every device a sweep finds
+
+
+def served(
+    previous: Snapshot | None,
+    new: Snapshot,
+    *,
+    wanted: Wanted | None,
+    recent: tuple[RecentCrossovers, ...],
+    partial: bool = False,
+) -> tuple[Snapshot, tuple[RecentCrossovers, ...]]:
+    """What to serve after ``new`` (a sweep's snapshot; a retry's when ``partial``), and the recent n* to keep.
+
+    ``new`` loses what ``wanted`` no longer asks for (a sweep that began before a reload; None keeps
+    all), takes over from ``previous`` what it did not measure (``merge``), and its fresh crossovers'
+    intervals are widened by their moves over the ``recent`` sweeps.
+    """
+    merged = merge(previous, new if wanted is None else trimmed(new, wanted), partial=partial)
+    crossovers, moves = with_recent_moves(merged.crossovers, recent, fresh_at=new.finished_at)
+    return replace(merged, crossovers=crossovers), moves
 
 
 def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) -> Snapshot:
@@ -54,21 +82,21 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
     )
 
 
-def trimmed(snapshot: Snapshot, *, sizes: tuple[int, ...], devices: tuple[str, ...] | None) -> Snapshot:
-    """The served snapshot without what a reloaded configuration no longer asks for: those series disappear.
+def trimmed(snapshot: Snapshot, wanted: Wanted) -> Snapshot:
+    """The snapshot without what a (re)loaded configuration no longer asks for: those series disappear.
 
     Sizes no longer configured lose their duration series; with devices listed, unlisted devices lose all
     of theirs. The rest is served as it was measured until the next sweep replaces it.
     """
-    wanted = None if devices is None else {canonical_device(d) for d in devices}
+    devices = None if wanted.devices is None else {canonical_device(d) for d in wanted.devices}
 
     def kept(device: str) -> bool:
-        return wanted is None or canonical_device(device) in wanted or device == "none"
+        return devices is None or canonical_device(device) in devices or device == "none"
 
     return replace(
         snapshot,
         measurements=tuple(
-            m for m in snapshot.measurements if kept(m.key.device) and (m.role != "sweep" or m.key.size in sizes)
+            m for m in snapshot.measurements if kept(m.key.device) and (m.role != "sweep" or m.key.size in wanted.sizes)
         ),
         crossovers=tuple(c for c in snapshot.crossovers if kept(c.gpu) and kept(c.cpu)),
         costs=tuple(c for c in snapshot.costs if kept(c.device)),

@@ -11,9 +11,8 @@ import logging
 import threading
 import time
 
-from monitor.carry import trimmed
 from monitor.history import RunHistory
-from monitor.model import Snapshot, SweepOutcome, SweepResult, gpu_cpu_pairs
+from monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
 from monitor.preflight import host_problem
 from monitor.protocol import Plan
 from monitor.schedule import SweepScheduler
@@ -32,11 +31,6 @@ _OVERDUE_AFTER_S = 120.0
 STOP_WAIT_S = KILL_GRACE_S * 2 + 1
 
 
-def trimmed_to_settings(snapshot: Snapshot, settings: Settings) -> Snapshot:
-    """The snapshot without the sizes and devices ``settings`` no longer ask for (after a reload or a restart)."""
-    return trimmed(snapshot, sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
-
-
 class SweepCoordinator:
     """Runs and records every sweep and retry of the service, on its schedule or when asked."""
 
@@ -48,6 +42,7 @@ class SweepCoordinator:
         self._manual_lock = threading.Lock()
         self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
         self._remember_lock = threading.Lock()
+        self._next_sweep_lock = threading.Lock()
         self._stopping = threading.Event()
         self._cancel_sweep = threading.Event()
         self._sweep_idle = threading.Event()
@@ -67,15 +62,21 @@ class SweepCoordinator:
     def start(self) -> None:
         """Start the schedule: the first sweep runs right away."""
         self._scheduler.start()
+        self._note_next_sweep()
 
-    def next_run_at(self) -> float | None:
-        return self._scheduler.next_run_at()
+    def _note_next_sweep(self) -> None:
+        """The schedule's next sweep into the served state, after each change to it: its start, a reload,
+        each scheduled sweep as it begins (or is skipped). Read and recorded together, so that of two
+        changes at once the later one's time stays."""
+        with self._next_sweep_lock:
+            self._store.record_next_sweep(self._scheduler.next_run_at())
 
     def use(self, settings: Settings) -> None:
         """Settings reloaded: the schedule changes now, the rest for the next sweep (one in flight keeps its plan)."""
         self._settings = settings
         schedule = settings.schedule
         self._scheduler.reschedule(interval_s=schedule.interval_s, cron=schedule.cron, jitter_s=schedule.jitter_s)
+        self._note_next_sweep()
 
     def stop(self) -> bool:
         """No more sweeps; the one in flight is cancelled. False if it did not end within STOP_WAIT_S."""
@@ -126,6 +127,7 @@ class SweepCoordinator:
                 self._manual_pending = False
 
     def _sweep(self) -> None:
+        self._note_next_sweep()  # the scheduler set the following sweep's time before it began this one
         plan = Plan(bench=self._settings.benchmark, guard=self._settings.guard, given_up=tuple(sorted(self._given_up)))
         self._run_worker(plan, retry=False)
 
@@ -187,6 +189,7 @@ class SweepCoordinator:
             log.exception("could not schedule a retry of busy GPUs")
 
     def _skipped(self, reason: str) -> None:
+        self._note_next_sweep()
         self._store.record_skipped()
         self._remember("skipped", None, reason)
 
@@ -210,8 +213,6 @@ class SweepCoordinator:
 
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
-        if outcome.snapshot is not None:  # a sweep that began before a reload: only what is asked for now
-            outcome = dataclasses.replace(outcome, snapshot=trimmed_to_settings(outcome.snapshot, self._settings))
         fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)

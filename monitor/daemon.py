@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.metadata
 import logging
 import os
@@ -19,10 +20,11 @@ from pathlib import Path
 from types import FrameType
 
 from monitor import __version__, page, systemd
-from monitor.coordinator import SweepCoordinator, trimmed_to_settings
+from monitor.carry import Wanted
+from monitor.coordinator import SweepCoordinator
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryUnavailable, RunHistory
-from monitor.metrics import build_registry
+from monitor.metrics import render_state
 from monitor.model import BUILTIN_BACKENDS, ServiceState
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
@@ -62,8 +64,13 @@ def open_history(settings: Settings) -> RunHistory | None:
         return None
 
 
+def wanted(settings: Settings) -> Wanted:
+    """What ``settings`` ask to serve: the served state keeps no other sizes' or devices' series."""
+    return Wanted(sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
+
+
 def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:
-    """What was served before the restart, trimmed to the configuration now; None for a first start."""
+    """What was served before the restart (if the same backend timed it); None for a first start."""
     restored = None if history is None else history.restore()
     if restored is None or history is None:
         return None
@@ -73,8 +80,6 @@ def restored_state(history: RunHistory | None, settings: Settings) -> ServiceSta
     if latest is not None and backend != bench.backend:
         log.info("run history: the served results were timed with another backend; not served again")
         latest = None
-    elif latest is not None:
-        latest = trimmed_to_settings(latest, settings)
     ended = "none" if latest is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(latest.finished_at))
     log.info(
         "run history: resumed",
@@ -108,17 +113,19 @@ class Service:
         self._history = open_history(settings)
         self._picture = SweepPicture()
         self._store = StateStore(restored_state(self._history, settings))
-        self._store.record_config(loaded=True, at=time.time())
+        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(settings))  # trims what was restored
         self._stopping = threading.Event()
         self._sweeps = SweepCoordinator(settings, self._store, self._history, launch=launch)
         backend = settings.benchmark.backend
-        registry = build_registry(self.read_state, backend=backend, framework_version=framework_version(backend))
         server = settings.server
         try:
             self._server = MetricsServer(
                 server.host,
                 server.port,
-                registry,
+                self.read_state,
+                render_metrics=functools.partial(
+                    render_state, backend=backend, framework_version=framework_version(backend)
+                ),
                 healthy=self.healthy,
                 ready=self.ready,
                 web=gate,
@@ -126,7 +133,6 @@ class Service:
                 if enable_lifecycle
                 else None,
                 landing=self._landing_page,
-                freshness=lambda: (self._store.read(), self._sweeps.next_run_at()),
                 picture=lambda: self._picture.look(self._store.read()),
             )
         except OSError as exc:
@@ -137,7 +143,7 @@ class Service:
         return self._server.address
 
     def read_state(self) -> ServiceState:
-        return dataclasses.replace(self._store.read(), next_sweep_at=self._sweeps.next_run_at())
+        return self._store.read()
 
     def healthy(self) -> tuple[bool, str]:
         problem = self._sweeps.stuck()
@@ -210,11 +216,7 @@ class Service:
             new = dataclasses.replace(new, server=self._settings.server)
         self._settings = new
         self._sweeps.use(new)
-        self._store.record_config(
-            loaded=True,
-            at=time.time(),
-            keep=lambda snapshot: trimmed_to_settings(snapshot, new),
-        )
+        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(new))
         log.info("configuration reloaded", extra={"config": new.source})
         return True
 

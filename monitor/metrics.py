@@ -27,8 +27,6 @@ from prometheus_client.registry import Collector
 from monitor import __version__
 from monitor.model import CrossoverState, DeviceState, ServiceState, Snapshot, SweepResult
 
-Registry = CollectorRegistry  # for modules that hold a registry without importing prometheus_client
-
 POINT_LABELS = ("backend", "device", "dtype", "mode", "size")
 CROSSOVER_LABELS = ("backend", "gpu", "cpu", "dtype", "mode")
 COST_LABELS = ("backend", "device", "dtype", "mode")
@@ -453,6 +451,11 @@ def render(registry: CollectorRegistry, exposition: str) -> tuple[bytes, str]:
     """The body and content type of one of the expositions ``exposition_type`` names."""
     encoder, content_type = choose_encoder(exposition)
     return encoder(registry), content_type
+
+
+def render_state(state: ServiceState, exposition: str, *, backend: str, framework_version: str) -> tuple[bytes, str]:
+    """/metrics of this one state (the caller read it once): body and content type, as ``render`` gives them."""
+    return render(build_registry(lambda: state, backend=backend, framework_version=framework_version), exposition)
 
 
 def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:

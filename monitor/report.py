@@ -82,7 +82,9 @@ def render_table(outcome: SweepOutcome) -> str:
         lines.append(f"{'size':>7} {'median':>10} {'IQR':>10} {'GFLOP/s':>9} {'GPU speed-up':>12}")
         for m in sorted(points, key=lambda p: p.key.size):
             ratio = speedups.get((device, dtype, mode, m.key.size))
-            flag = ("  noisy" if m.timing.noisy else "") + ("" if m.role == "sweep" else f"  ({m.role})")
+            flag = ("  noisy" if m.timing.noisy else "") + (
+                "" if m.role == "sweep" else f"  ({m.role.replace('_', ' ')})"
+            )
             flag += f"  {m.timing.visit_count} visits" if m.timing.visit_count > 1 else ""
             lines.append(
                 f"{m.key.size:>7} {_format_seconds(m.timing.median_s):>10} {_format_seconds(m.timing.iqr_s):>10} "

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
-from monitor.metrics import Registry, exposition_type, render
+from monitor.metrics import exposition_type
+from monitor.model import ServiceState
 from monitor.page import Picture, PictureState
 from monitor.webconfig import WebGate
 
@@ -19,6 +20,8 @@ log = logging.getLogger(__name__)
 
 # (ok, a one-line explanation) for the health and readiness probes.
 Probe = Callable[[], tuple[bool, str]]
+# /metrics of one state in one exposition (``monitor.metrics.render_state``): body and content type.
+RenderMetrics = Callable[[ServiceState, str], tuple[bytes, str]]
 
 
 @dataclass(frozen=True)
@@ -41,19 +44,19 @@ class MetricsServer:
         self,
         host: str,
         port: int,
-        registry: Registry,
+        read_state: Callable[[], ServiceState],
         *,
+        render_metrics: RenderMetrics,
         healthy: Probe,
         ready: Probe,
         landing: Callable[[], str],
         web: WebGate | None = None,
         lifecycle: Lifecycle | None = None,
         picture: Callable[[], Picture] | None = None,
-        freshness: Callable[[], tuple[object, ...]] | None = None,
         limits: HttpLimits | None = None,
     ) -> None:
         gate = web or WebGate(None)
-        metrics = _MetricsCache(registry, freshness)
+        metrics = _MetricsCache(read_state, render_metrics)
         gets: dict[str, Callable[[Request], Response]] = {
             "/metrics": metrics.response,
             "/-/healthy": lambda _: _probe(healthy),
@@ -153,44 +156,38 @@ def _svg(picture: Picture) -> Response:
 
 
 class _MetricsCache:
-    """/metrics rendered once per state, not once per scrape.
+    """/metrics rendered once per state, not once per scrape: fifty scrapers at once cost one rendering.
 
-    ``freshness`` returns a token whose first item is the state object the metrics come from (compared
-    by identity: the service replaces it whole on every change) and the rest anything else they show
-    (the next sweep's time). Fifty scrapers at once then cost one rendering, not fifty.
+    Each scrape reads the state once and is answered from that object alone. The body is kept with
+    the state it shows and given again only for that very object (``is``): the service replaces
+    the state whole on every change, the next sweep's time included, so a kept body is never stale.
     """
 
-    def __init__(self, registry: Registry, freshness: Callable[[], tuple[object, ...]] | None) -> None:
-        self._registry = registry
-        self._freshness = freshness
+    def __init__(self, read_state: Callable[[], ServiceState], render_metrics: RenderMetrics) -> None:
+        self._read_state = read_state
+        self._render = render_metrics
         self._lock = threading.Lock()
-        self._token: tuple[object, ...] | None = None
+        self._state: ServiceState | None = None
         self._bodies: dict[str, Response] = {}  # by exposition: two at most, whatever clients send
 
     def response(self, request: Request) -> Response:
         kind = exposition_type(request.header("accept"))
-        token = self._freshness() if self._freshness is not None else None
-        with self._lock:
-            fresh = token is not None and self._token is not None and _same(token, self._token)
-            cached = self._bodies.get(kind) if fresh else None
-        if cached is not None:
-            return cached
         try:
-            body, content_type = render(self._registry, kind)
+            state = self._read_state()
+            with self._lock:
+                cached = self._bodies.get(kind) if state is self._state else None
+            if cached is not None:
+                return cached
+            body, content_type = self._render(state, kind)
         except Exception:  # a bug in rendering must answer 500, not drop the connection
             log.exception("rendering /metrics failed")
             return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
         response = Response(status=200, body=body, content_type=content_type)
-        if token is not None:
-            with self._lock:
-                if self._token is None or not _same(token, self._token):
-                    self._token, self._bodies = token, {}
-                self._bodies[kind] = response
+        with self._lock:
+            if state is not self._state:
+                self._state, self._bodies = state, {}
+            self._bodies[kind] = response
         return response
-
-
-def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    return len(a) == len(b) and a[0] is b[0] and a[1:] == b[1:]
 
 
 def _probe(probe: Probe) -> Response:

@@ -1,15 +1,16 @@
-"""The one mutable cell of the service: the current ServiceState, replaced whole under a lock."""
+"""The one mutable cell of the service: the current ServiceState, replaced whole under a lock.
+
+What is served changes only here, as ``monitor.carry`` says: each sweep, retry and configuration is handed in.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
 from typing import TypeVar
 
-from monitor.carry import merge
-from monitor.crossover import with_recent_moves
-from monitor.model import RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from monitor.carry import Wanted, served, trimmed
+from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
 
 
 class StateStore:
@@ -18,6 +19,7 @@ class StateStore:
     def __init__(self, initial: ServiceState | None = None) -> None:
         self._lock = threading.Lock()
         self._state = initial or ServiceState()
+        self._wanted: Wanted | None = None  # the loaded configuration's; None until one is recorded: all
 
     def read(self) -> ServiceState:
         return self._state  # a reference read is atomic; the object itself never changes
@@ -31,7 +33,9 @@ class StateStore:
             state = self._counted(self._state, outcome.result)
             changes: dict[str, object] = {"last_outcome": outcome}
             if outcome.snapshot is not None:
-                changes.update(_served(merge(state.latest, outcome.snapshot), state, outcome.snapshot.finished_at))
+                changes["latest"], changes["recent"] = served(
+                    state.latest, outcome.snapshot, wanted=self._wanted, recent=state.recent
+                )
             if outcome.result is SweepResult.SUCCESS:
                 changes["last_success_at"] = outcome.finished_at
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
@@ -49,30 +53,34 @@ class StateStore:
                 result = RetryResult.MEASURED
             changes: dict[str, object] = {"retries": _bumped(state.retries, result)}
             if snapshot is not None and state.latest is not None:
-                changes.update(_served(merge(state.latest, snapshot, partial=True), state, snapshot.finished_at))
+                changes["latest"], changes["recent"] = served(
+                    state.latest, snapshot, wanted=self._wanted, recent=state.recent, partial=True
+                )
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             return result
 
-    def record_config(self, *, loaded: bool, at: float, keep: Callable[[Snapshot], Snapshot] | None = None) -> None:
-        """A configuration (re)load: whether it took; ``keep`` trims the served snapshot to the new configuration."""
+    def record_config(self, *, loaded: bool, at: float, wanted: Wanted | None = None) -> None:
+        """A configuration (start-up or reload): whether it took. One that took serves only what it ``wanted``
+        from now on: the served snapshot loses the rest now, each later sweep's and retry's as it is recorded."""
         with self._lock:
             state = self._state
             changes: dict[str, object] = {"config_loaded": loaded}
             if loaded:
                 changes["config_loaded_at"] = at
-                if keep is not None and state.latest is not None:
-                    changes["latest"] = keep(state.latest)
+                self._wanted = wanted
+                if wanted is not None and state.latest is not None:
+                    changes["latest"] = trimmed(state.latest, wanted)
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+
+    def record_next_sweep(self, at: float | None) -> None:
+        """When the schedule's next sweep is due; the same time again leaves the state (and its /metrics) as it is."""
+        with self._lock:
+            if at != self._state.next_sweep_at:
+                self._state = dataclasses.replace(self._state, next_sweep_at=at)
 
     def record_skipped(self) -> None:
         with self._lock:
             self._state = self._counted(self._state, SweepResult.SKIPPED)
-
-
-def _served(snapshot: Snapshot, state: ServiceState, fresh_at: float) -> dict[str, object]:
-    """The snapshot to serve, its fresh crossovers' intervals widened by their recent moves, and those moves."""
-    crossovers, recent = with_recent_moves(snapshot.crossovers, state.recent, fresh_at=fresh_at)
-    return {"latest": dataclasses.replace(snapshot, crossovers=crossovers), "recent": recent}
 
 
 K = TypeVar("K")

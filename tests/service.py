@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.metrics import build_registry
+from monitor.metrics import render_state
 from monitor.model import ServiceState
 from monitor.server import MetricsServer
 from tests.conftest import REPO, free_port
@@ -119,11 +120,21 @@ def landing() -> str:
     return "<html><body><a href='/metrics'>/metrics</a></body></html>"
 
 
-def started_server(read_state: Callable[[], ServiceState], **options: Any) -> MetricsServer:
-    """A MetricsServer on a free loopback port, alive and ready, serving ``read_state``; started."""
-    registry = build_registry(read_state, backend="torch", framework_version="")
+def started_server(
+    read_state: Callable[[], ServiceState], *, backend: str = "torch", framework_version: str = "", **options: Any
+) -> MetricsServer:
+    """A MetricsServer on a free loopback port serving ``read_state``; alive and ready unless ``options`` say."""
     server = MetricsServer(
-        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), landing=landing, **options
+        "127.0.0.1",
+        0,
+        read_state,
+        **{
+            "render_metrics": functools.partial(render_state, backend=backend, framework_version=framework_version),
+            "healthy": lambda: (True, "ok"),
+            "ready": lambda: (True, "ok"),
+            "landing": landing,
+            **options,
+        },
     )
     server.start()
     return server

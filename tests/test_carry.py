@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from monitor.carry import merge
+from monitor.carry import Wanted, merge, served
 from monitor.model import CrossoverState
 from monitor.state import StateStore
 from tests.conftest import make_plan
@@ -66,3 +66,31 @@ def test_merge_drops_a_device_that_failed() -> None:
     )
     served = merge(snapshot, failed)
     assert {m.key.device for m in served.measurements} == {"/CPU:0"}
+
+
+def test_served_leaves_out_what_the_configuration_no_longer_wants_before_carrying_over() -> None:
+    """A sweep that began before a reload: its unwanted device and sizes are gone, and so is their age."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    snapshot, recent = served(None, outcome.snapshot, wanted=Wanted(sizes=(16, 32), devices=("/cpu:0",)), recent=())
+    assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
+    assert {m.key.size for m in snapshot.measurements if m.role == "sweep"} == {16, 32}
+    assert dict(snapshot.measured_at).keys() == {"/CPU:0"}
+    assert (snapshot.crossovers, recent) == ((), ())
+
+
+def test_served_widens_the_fresh_crossover_by_its_recent_moves() -> None:
+    """Everything wanted: what ``merge`` serves, each crossover found again remembered among the recent n*."""
+    _, first = sweep_with(lambda _: IDLE)
+    _, second = sweep_with(lambda _: IDLE)
+    assert first.snapshot is not None
+    assert second.snapshot is not None
+    everything = Wanted(sizes=(16, 32, 64, 128))
+    previous, recent = served(None, first.snapshot, wanted=everything, recent=())
+    snapshot, recent = served(previous, second.snapshot, wanted=None, recent=recent)
+    assert snapshot.measurements == merge(previous, second.snapshot).measurements
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.FOUND
+    ((key, sizes),) = [(r.key, r.sizes) for r in recent]
+    assert key == crossover.key
+    assert len(sizes) == 2  # one n* per sweep that found it

@@ -14,13 +14,11 @@ import pytest
 
 from monitor import page
 from monitor.history import Run
-from monitor.metrics import build_registry
 from monitor.model import GPU_PROBLEM, ServiceState, Snapshot, SweepOutcome, SweepResult, Withheld, WithheldReason
-from monitor.server import MetricsServer
 from monitor.settings import Settings
 from tests.builders import FULL_SNAPSHOT
 from tests.conftest import tool
-from tests.service import RunningService, fake_config, http_get, landing, wait_until
+from tests.service import RunningService, fake_config, http_get, started_server, wait_until
 
 NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
 DRAWN = page.PictureState.DRAWN
@@ -261,17 +259,7 @@ def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
 )
 def test_sweep_svg_answers_where_the_picture_stands(looked: page.Picture, status: int, says: str) -> None:
     """/sweep.svg answers by where the chart stands: the SVG, or a status that says why not."""
-    registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
-    server = MetricsServer(
-        "127.0.0.1",
-        0,
-        registry,
-        healthy=lambda: (True, "ok"),
-        ready=lambda: (True, "ok"),
-        landing=landing,
-        picture=lambda: looked,
-    )
-    server.start()
+    server = started_server(ServiceState, backend="tensorflow", picture=lambda: looked)
     host, port = server.address
     try:
         answered, _, body = http_get(f"http://{host}:{port}/sweep.svg")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from monitor.cli import main
-from monitor.metrics import build_registry
 from monitor.model import (
     DeviceInfo,
     Role,
@@ -28,7 +27,7 @@ from monitor.server import MetricsServer
 from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
-from tests.service import landing
+from tests.service import started_server
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 needs_matplotlib = pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib (the plot extra) is not installed")
@@ -73,11 +72,7 @@ def serve() -> Iterator[Callable[[ServiceState], str]]:
     servers: list[MetricsServer] = []
 
     def start(state: ServiceState) -> str:
-        registry = build_registry(lambda: state, backend="fake", framework_version="1.0")
-        server = MetricsServer(
-            "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (True, "ok"), landing=landing
-        )
-        server.start()
+        server = started_server(lambda: state, backend="fake", framework_version="1.0")
         servers.append(server)
         host, port = server.address
         return f"http://{host}:{port}/metrics"

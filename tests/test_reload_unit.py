@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
+
+import pytest
 
 from monitor.daemon import Service
 from monitor.errors import ConfigError, Problem
 from monitor.settings import BenchmarkSettings, ServerSettings, Settings
 from tests.conftest import free_port
+from tests.guardfakes import IDLE, FakeSampler, ThreadWorker, fake_guard
+from tests.service import http_get, parse, wait_until
 
 
 def _service(loads: list[object]) -> Service:
@@ -99,3 +104,41 @@ def test_a_manual_sweep_refuses_others_until_it_has_ended() -> None:
     finally:
         release.set()
         service.stop()
+
+
+def test_the_next_sweep_time_is_served_state_and_a_reload_moves_it() -> None:
+    """The schedule's next sweep is in the state the server reads (and /metrics shows): an hour after the
+    first sweep began; a reload to every two hours moves it, and the next scrape shows the new time."""
+    from monitor.config import settings_from_mapping  # noqa: PLC0415
+
+    def settings(interval: str) -> Settings:
+        return settings_from_mapping(
+            {
+                "schedule": {"interval": interval},
+                "benchmark": {"sizes": [16, 32], "modes": ["compute"]},
+                "server": {"listen": f"127.0.0.1:{listen}"},
+            }
+        )
+
+    listen = free_port()
+    loads = [settings("2h")]
+    service = Service(
+        settings("1h"),
+        launch=lambda plan: ThreadWorker(plan, fake_guard(FakeSampler(lambda _: IDLE))),
+        load=lambda: loads.pop(0),
+    )
+    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: (service.read_state().next_sweep_at or 0) > time.time() + 3000, 30, "the next sweep's time")
+        assert service.read_state().next_sweep_at == pytest.approx(time.time() + 3600, abs=60)
+        url = "http://{}:{}/metrics".format(*service.address)
+        next_sweep = ("matmul_sweep_next_timestamp_seconds", frozenset[tuple[str, str]]())
+        assert parse(http_get(url)[2])[next_sweep] == service.read_state().next_sweep_at
+        assert service.reload() is True
+        moved = service.read_state().next_sweep_at
+        assert moved == pytest.approx(time.time() + 7200, abs=60)
+        assert parse(http_get(url)[2])[next_sweep] == moved
+    finally:
+        service.stop()
+        thread.join(10)

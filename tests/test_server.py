@@ -6,10 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from monitor.metrics import build_registry
-from monitor.model import ServiceState
-from monitor.server import MetricsServer
-from tests.service import http_get, landing, started_server
+from monitor.metrics import render_state
+from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.state import StateStore
+from tests.guardfakes import IDLE, sweep_with
+from tests.service import http_get, parse, started_server
 
 
 def _broken_state() -> ServiceState:
@@ -18,11 +19,7 @@ def _broken_state() -> ServiceState:
 
 @pytest.fixture
 def broken_server() -> Iterator[str]:
-    registry = build_registry(_broken_state, backend="tensorflow", framework_version="")
-    server = MetricsServer(
-        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"), landing=landing
-    )
-    server.start()
+    server = started_server(_broken_state, backend="tensorflow", ready=lambda: (False, "not yet"))
     host, port = server.address
     try:
         yield f"http://{host}:{port}"
@@ -56,11 +53,7 @@ def test_head_answers_like_get_without_a_body(path: str) -> None:
     """HEAD gets GET's status, type and length (it was 501), and no body."""
     import http.client  # noqa: PLC0415
 
-    registry = build_registry(ServiceState, backend="tensorflow", framework_version="")
-    server = MetricsServer(
-        "127.0.0.1", 0, registry, healthy=lambda: (True, "ok"), ready=lambda: (False, "not yet"), landing=landing
-    )
-    server.start()
+    server = started_server(ServiceState, backend="tensorflow", ready=lambda: (False, "not yet"))
     host, port = server.address
     try:
         connection = http.client.HTTPConnection(host, port, timeout=5)
@@ -78,6 +71,17 @@ def test_head_answers_like_get_without_a_body(path: str) -> None:
         server.stop()
 
 
+class _CountedRendering:
+    """The real rendering, counting the states it rendered (the server's input, as the service passes one)."""
+
+    def __init__(self) -> None:
+        self.rendered: list[ServiceState] = []
+
+    def __call__(self, state: ServiceState, exposition: str) -> tuple[bytes, str]:
+        self.rendered.append(state)
+        return render_state(state, exposition, backend="torch", framework_version="")
+
+
 def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
     """Scrapes of an unchanged state share one rendering; a new state (or next-sweep time) renders again."""
     reads: list[int] = []
@@ -87,33 +91,59 @@ def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
         reads.append(1)
         return current[0]
 
-    server = started_server(read_state, freshness=lambda: (current[0], 1.0))
+    rendering = _CountedRendering()
+    server = started_server(read_state, render_metrics=rendering)
     try:
         host, port = server.address
         bodies = {http_get(f"http://{host}:{port}/metrics")[2] for _ in range(5)}
-        assert (len(bodies), len(reads)) == (1, 1)
+        assert (len(bodies), len(rendering.rendered)) == (1, 1)
         # Any number of Accept variants share the few exposition formats: no body per header.
         for index in range(20):
             http_get(f"http://{host}:{port}/metrics", {"Accept": f"text/plain;x={index}"})
-        assert len(reads) == 1
+        assert len(rendering.rendered) == 1
         current[0] = ServiceState(next_sweep_at=123.0)
         changed = http_get(f"http://{host}:{port}/metrics")[2]
-        assert len(reads) == 2
+        assert len(rendering.rendered) == 2
         assert "matmul_sweep_next_timestamp_seconds 123.0" in changed
+        assert len(reads) == 5 + 20 + 1  # each scrape read the state once: the rendering was handed that one
+        assert all(state is current[0] for state in rendering.rendered[1:])
+    finally:
+        server.stop()
+
+
+def test_a_scrape_after_a_new_outcome_shows_its_values_not_the_kept_body() -> None:
+    """The served state, a sweep and the next sweep's time recorded between scrapes: each scrape shows the state now."""
+    store = StateStore()
+    server = started_server(store.read)
+    url = "http://{}:{}/metrics".format(*server.address)
+
+    def scraped() -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        status, _, body = http_get(url)
+        assert status == 200
+        return parse(body)
+
+    try:
+        before = scraped()
+        assert before[("matmul_sweeps_total", frozenset({("result", "success")}))] == 0
+        assert not any(name == "matmul_duration_seconds" for name, _ in before)
+        _, outcome = sweep_with(lambda _: IDLE)
+        store.record(outcome)
+        after = scraped()
+        assert after[("matmul_sweeps_total", frozenset({("result", "success")}))] == 1
+        assert any(name == "matmul_duration_seconds" for name, _ in after)
+        store.record_next_sweep(4102444800.0)
+        assert scraped()[("matmul_sweep_next_timestamp_seconds", frozenset())] == 4102444800.0
+        store.record(SweepOutcome(result=SweepResult.FAILED, started_at=1.0, finished_at=2.0, reason="crashed"))
+        assert scraped()[("matmul_sweeps_total", frozenset({("result", "failed")}))] == 1
     finally:
         server.stop()
 
 
 def test_accept_headers_with_endless_versions_share_two_renderings() -> None:
     """Issue 18 #3: each new ``version=`` once made a body of its own in the cache (RSS grew ~10 KB a scrape)."""
-    reads: list[int] = []
     state = ServiceState()
-
-    def read_state() -> ServiceState:
-        reads.append(1)
-        return state
-
-    server = started_server(read_state, freshness=lambda: (state, 1.0))
+    rendering = _CountedRendering()
+    server = started_server(lambda: state, render_metrics=rendering)
     try:
         host, port = server.address
         kinds = set()
@@ -124,7 +154,7 @@ def test_accept_headers_with_endless_versions_share_two_renderings() -> None:
             http_get(f"http://{host}:{port}/metrics", {"Accept": f"text/plain; version=0.0.{index}"})
         assert status == 200
         assert kinds == {"application/openmetrics-text; version=1.0.0; charset=utf-8; escaping=underscores"}
-        assert len(reads) == 2  # one rendering per exposition, whatever the headers
+        assert len(rendering.rendered) == 2  # one rendering per exposition, whatever the headers
     finally:
         server.stop()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from monitor.model import RetryResult, Withheld, WithheldReason
+from monitor.carry import Wanted
+from monitor.model import RetryResult, ServiceState, Withheld, WithheldReason
 from monitor.state import StateStore
 from tests.guardfakes import IDLE, sweep_with
 
@@ -24,3 +25,27 @@ def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_
     store.record(outcome)
     retry = dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, withheld=(contended[0],)))
     assert store.record_retry(retry) is RetryResult.BUSY
+
+
+def test_the_store_serves_only_what_the_loaded_configuration_wants() -> None:
+    """A reload (or the start-up's load) trims the served snapshot now, and every sweep and retry recorded after it."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    store = StateStore(ServiceState(latest=outcome.snapshot))  # as restored from the history
+    cpu_only = Wanted(sizes=(16, 32), devices=("/CPU:0",))
+
+    def served_points() -> set[tuple[str, int]]:
+        latest = store.read().latest
+        assert latest is not None
+        return {(m.key.device, m.key.size) for m in latest.measurements if m.role == "sweep"}
+
+    store.record_config(loaded=True, at=1.0, wanted=cpu_only)
+    assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
+    store.record_config(loaded=False, at=2.0, wanted=None)  # refused: the running configuration stays
+    store.record(outcome)  # a sweep that began before the reload
+    assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
+    store.record_retry(outcome)
+    assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
+    store.record_config(loaded=True, at=3.0, wanted=Wanted(sizes=(16, 32, 64, 128)))
+    store.record(outcome)
+    assert {device for device, _ in served_points()} == {"/CPU:0", "/GPU:0"}
