@@ -124,20 +124,26 @@ def _settled(r: _Reader, cls: Any, values: dict[str, Any], path: str) -> Any:
     return cls(**values)
 
 
+# A line the scheduler takes, standing in for a bad one while it is reported, so that the rules between
+# keys still see that a cron was given ("set either interval or cron, not both" is reported alongside).
+_STAND_IN_CRON = "0 0 * * *"
+
+
 def _schedule_by_cron(r: _Reader, section: Mapping[str, Any], values: dict[str, Any]) -> None:
     """A cron line the scheduler can use replaces the default interval (a given interval stays: not both)."""
-    cron = values["cron"]
-    if cron is None:
+    if section.get("cron") is None:
         return
-    # Imported here, not at the top: every timing worker imports this module (for the settings
-    # its Plan carries) and needs no scheduler.
-    from monitor.schedule import cron_problem  # noqa: PLC0415
+    cron = values["cron"]  # None: the converter refused it and said why
+    if cron is not None:
+        # Imported here: only a cron line needs the scheduler (check-config and `once` load none otherwise).
+        from monitor.schedule import cron_problem  # noqa: PLC0415
 
-    problem = cron_problem(cron)
-    if problem is not None:
-        r.add("schedule.cron", f"{problem}, got {abridged(cron)}")
-        values["cron"] = None
-    elif section.get("interval") is None:
+        problem = cron_problem(cron)
+        if problem is not None:
+            r.add("schedule.cron", f"{problem}, got {abridged(cron)}")
+            cron = None
+    values["cron"] = cron if cron is not None else _STAND_IN_CRON
+    if section.get("interval") is None:
         values["interval_s"] = None
 
 

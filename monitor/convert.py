@@ -50,7 +50,7 @@ class Converter:
     convert: Callable[[Any], Any]
     schema: Mapping[str, Any]  # what the YAML form may be, as JSON Schema
     note: str = ""  # what the schema cannot say (a duration's bounds), added to the key's description
-    numeric: bool = False  # the field holds a number, whatever text the YAML form may be
+    text_form: bool = False  # YAML may write it as text (a duration: "15m"), though the field holds a number
     bounds: tuple[float, float] | None = None  # inclusive, where the schema states them as minimum and maximum
     written: Callable[[Any], Any] = field(default=lambda held: held)  # the held value as YAML writes it
 
@@ -102,7 +102,7 @@ def duration(*, positive: bool, minimum: float = 0.0, maximum: float = DAY_S) ->
     least = f"at least {span(minimum)}, " if minimum else ""
     # The text form cannot carry bounds, so the description does.
     return Converter(
-        convert, {"$ref": "#/definitions/duration"}, note=f" ({least}at most {span(maximum)})", numeric=True
+        convert, {"$ref": "#/definitions/duration"}, note=f" ({least}at most {span(maximum)})", text_form=True
     )
 
 
@@ -117,7 +117,7 @@ def integer(minimum: int, maximum: int = MAX_COUNT) -> Converter:
         return value
 
     schema = {"type": "integer", "minimum": minimum, "maximum": maximum}
-    return Converter(convert, schema, numeric=True, bounds=(minimum, maximum))
+    return Converter(convert, schema, bounds=(minimum, maximum))
 
 
 def number(low: float, high: float) -> Converter:
@@ -128,7 +128,7 @@ def number(low: float, high: float) -> Converter:
             return Bad(f"must be between {low:g} and {high:g}, got {value}")
         return float(value)
 
-    return Converter(convert, {"type": "number", "minimum": low, "maximum": high}, numeric=True, bounds=(low, high))
+    return Converter(convert, {"type": "number", "minimum": low, "maximum": high}, bounds=(low, high))
 
 
 def _fraction(value: Any) -> float | Bad:
@@ -139,7 +139,7 @@ def _fraction(value: Any) -> float | Bad:
     return float(value)
 
 
-fraction = Converter(_fraction, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1}, numeric=True)
+fraction = Converter(_fraction, {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1})
 
 
 def _boolean(value: Any) -> bool | Bad:
@@ -210,8 +210,8 @@ def _cron_line(value: Any) -> str | Bad:
         return Bad(f"must be a crontab string like '*/15 * * * *', got {show(value)}")
     if re.fullmatch(CRON_PATTERN, value) is None:
         return Bad(
-            f"is not a valid 5-field crontab expression (minute hour day month weekday, got {len(value.split())}), "
-            f"got {abridged(value)}"
+            "is not a valid 5-field crontab expression "
+            f"(expected 5 fields (minute hour day month weekday), got {len(value.split())}), got {abridged(value)}"
         )
     return value
 
@@ -235,22 +235,20 @@ def listed(
     ascending: bool = False,
     same: Callable[[Any], Any] | None = None,
     noun: str = "",
-    shape: str = "a list",
+    instead_of_text: str = "",
 ) -> Converter:
     """A list of entries each ``check`` accepts: not empty, at most MAX_SIZES of them, each once.
 
     ``same`` says which entries name one thing (two names of a ``noun``: '/GPU:0' and 'gpu:0');
-    ``ascending`` returns them sorted; ``shape`` is what a value that is no list is told to be.
-    The YAML list and the tuple a value holds are read alike.
+    ``ascending`` returns them sorted; ``instead_of_text`` is what a string given for the list is told
+    the key takes (where one string is the likely mistake). The YAML list and the tuple a value holds are
+    read alike.
     """
 
     def convert(value: Any) -> tuple[Any, ...] | Bad:
-        if not isinstance(value, (list, tuple)):
-            return Bad(f"must be {shape}, got {show(value)}")
-        if not value:
-            return Bad("must not be empty")
-        if len(value) > MAX_SIZES:
-            return Bad(f"must have at most {MAX_SIZES} entries, got {len(value)}")
+        shape = _list_shape(value, instead_of_text)
+        if shape is not None:
+            return shape
         entries: list[Any] = []
         problems: list[tuple[int, str]] = []
         first: dict[Any, Any] = {}  # a dict: a list's `in` made 65,536 sizes take 21 s
@@ -273,6 +271,19 @@ def listed(
 
     schema = {"type": "array", "minItems": 1, "maxItems": MAX_SIZES, "uniqueItems": True, "items": check.schema}
     return Converter(convert, schema, written=list)
+
+
+def _list_shape(value: Any, instead_of_text: str) -> Bad | None:
+    """What is wrong with ``value`` as a list before its entries are looked at, if anything."""
+    if not isinstance(value, (list, tuple)):
+        if isinstance(value, str) and instead_of_text:
+            return Bad(f"must be {instead_of_text}, got {abridged(value)}")
+        return Bad(f"must be a list, got {show(value)}")
+    if not value:
+        return Bad("must not be empty")
+    if len(value) > MAX_SIZES:
+        return Bad(f"must have at most {MAX_SIZES} entries, got {len(value)}")
+    return None
 
 
 def _listen_address(value: Any) -> tuple[str, int] | Bad:

@@ -127,9 +127,12 @@ class SweepCoordinator:
                 self._manual_pending = False
 
     def _sweep(self) -> None:
-        self._note_next_sweep()  # the scheduler set the following sweep's time before it began this one
+        # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
+        # job waits for, so this reads the new time; noted again at the end, should a release change that.
+        self._note_next_sweep()
         plan = Plan(bench=self._settings.benchmark, guard=self._settings.guard, given_up=tuple(sorted(self._given_up)))
         self._run_worker(plan, retry=False)
+        self._note_next_sweep()
 
     def _retry_busy(self) -> None:
         """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
@@ -217,13 +220,14 @@ class SweepCoordinator:
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
             fields["no_gpu"] = problem
+        recorded = self._store.as_wanted(outcome)  # the history lists what is served, as the store keeps it
         if retry:
             fields["result"] = self._store.record_retry(outcome).value
-            self._remember("retry", outcome)
+            self._remember("retry", recorded)
             log.info("retry finished", extra=fields)
             return
         self._store.record(outcome)
-        self._remember("sweep", outcome)
+        self._remember("sweep", recorded)
         if outcome.result is SweepResult.SUCCESS:
             log.info("sweep finished", extra=fields)
         else:

@@ -194,7 +194,7 @@ class Service:
 
         The schedule, sizes, devices, dtypes, modes and guard change for the next sweep (one in flight
         finishes on its plan); series the new configuration no longer asks for disappear now. Where
-        the service listens cannot change without a restart.
+        the service listens and which backend it times with cannot change without a restart.
         """
         with self._reload_lock:
             return self._reload()
@@ -214,6 +214,15 @@ class Service:
         if new.server != self._settings.server:
             log.warning("server.listen changes take effect at the next restart", extra={"listen": new.server.listen})
             new = dataclasses.replace(new, server=self._settings.server)
+        if new.benchmark.backend != self._settings.benchmark.backend:
+            # /metrics labels its series with the backend and framework version read at start; sweeps with
+            # another framework under them would be served under the wrong name.
+            log.warning(
+                "benchmark.backend changes take effect at the next restart", extra={"backend": new.benchmark.backend}
+            )
+            new = dataclasses.replace(
+                new, benchmark=dataclasses.replace(new.benchmark, backend=self._settings.benchmark.backend)
+            )
         self._settings = new
         self._sweeps.use(new)
         self._store.record_config(loaded=True, at=time.time(), wanted=wanted(new))

@@ -379,12 +379,21 @@ def _problem_with(path: Path, *, ours: bool = False) -> str | None:
 
 def _upgraded(data: Any, written_as: int) -> Any:
     """The served state of an older format as this one writes it (still to be checked by the codec)."""
-    latest = data.get("latest") if isinstance(data, dict) else None
-    if written_as < 3 and isinstance(latest, dict) and isinstance(latest.get("measurements"), list):  # noqa: PLR2004
-        for measurement in latest["measurements"]:
-            if isinstance(measurement, dict) and measurement.get("role") == "probe":
-                measurement["role"] = "fixed_cost"
+    if written_as < 3 and isinstance(data, dict):  # noqa: PLR2004 - format 3 renamed the n = 1 point's role
+        with_current_roles(data.get("latest"))
     return data
+
+
+# Roles of points under their earlier names: "probe" until format 3 of the served state (and `once --json`).
+_RENAMED_ROLES = {"probe": "fixed_cost"}
+
+
+def with_current_roles(snapshot: Any) -> None:
+    """A snapshot's JSON data (from the history or an older ``once --json``) with its roles' current names."""
+    measurements = snapshot.get("measurements") if isinstance(snapshot, dict) else None
+    for measurement in measurements if isinstance(measurements, list) else ():
+        if isinstance(measurement, dict) and measurement.get("role") in _RENAMED_ROLES:
+            measurement["role"] = _RENAMED_ROLES[measurement["role"]]
 
 
 def _without_snapshot(outcome: SweepOutcome | None) -> SweepOutcome | None:

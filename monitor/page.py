@@ -213,7 +213,9 @@ class SweepPicture:
     def __init__(self, draw: Callable[[Snapshot], bytes | None] | None = None) -> None:
         self._draw = draw or _draw_in_child
         self._lock = threading.Lock()
-        self._drawn: tuple[float, bytes | None] | None = None  # (sweep's end, picture or None: failed)
+        # (the snapshot drawn, its picture or None: failed). Keyed on the object: a retry laid over the
+        # served snapshot, or a reload's trim, keeps the sweep's end time but changes what is served.
+        self._drawn: tuple[Snapshot, bytes | None] | None = None
         self._drawing = False
 
     def look(self, state: ServiceState) -> Picture:
@@ -224,7 +226,7 @@ class SweepPicture:
         if not plot_available():
             return Picture(PictureState.UNAVAILABLE)
         with self._lock:
-            if self._drawn is not None and self._drawn[0] == latest.finished_at:
+            if self._drawn is not None and self._drawn[0] is latest:
                 svg = self._drawn[1]
                 return Picture(PictureState.DRAWN, svg) if svg is not None else Picture(PictureState.FAILED)
             if not self._drawing:  # one drawing at a time: a newer sweep's starts at the next ask after it
@@ -239,7 +241,7 @@ class SweepPicture:
             log.exception("drawing the sweep's chart failed")
             svg = None
         with self._lock:
-            self._drawn = (latest.finished_at, svg)  # a failure too: not tried again for this sweep
+            self._drawn = (latest, svg)  # a failure too: not tried again for this snapshot
             self._drawing = False
 
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from monitor.codec import from_data, to_data
-from monitor.history import Run
+from monitor.history import Run, with_current_roles
 from monitor.model import (
     GPU_PROBLEM,
     STATE_SENTENCES,
@@ -159,6 +159,7 @@ def read_json(data: Mapping[str, Any]) -> SweepOutcome:
         for raw in snapshot.get("measurements") or ():
             if isinstance(raw, dict):
                 raw.pop("flops_per_second", None)
+        with_current_roles(snapshot)  # files written before the n = 1 point's role was renamed
     return from_data(SweepOutcome, body)
 
 

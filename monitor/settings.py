@@ -82,13 +82,13 @@ def _check(instance: Any) -> None:
         value = values[f.name]
         if k is None or (value is None and (k.nullable or k.auto)):
             continue
-        if k.convert.numeric and (isinstance(value, bool) or not isinstance(value, int | float)):
+        if k.convert.text_form and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise TypeError(f"{k.name}: must be a number (seconds for a duration), got {abridged(value)}")
         verdict = k.convert(value)
         if isinstance(verdict, Bad):
             where = f"{k.name}[{verdict.items[0][0]}]" if verdict.items else k.name
             raise ValueError(f"{where}: {verdict.message}")  # noqa: TRY004 - a broken rule: the codec names the field
-        if isinstance(value, tuple) and verdict != value:  # only an ascending list changes a tuple
+        if isinstance(value, (list, tuple)) and verdict != tuple(value):  # only an ascending list changes one
             raise ValueError(f"{k.name}: must be in ascending order")
     for conflict in type(instance).conflicts(values):
         raise ValueError(f"{conflict.key or type(instance).SECTION}: {conflict.message}")
@@ -240,7 +240,9 @@ class BenchmarkSettings(Section):
         default=None,
         metadata=key(
             "devices",
-            listed(device_name, same=canonical_device, noun="device", shape="'auto' or a list of device names"),
+            listed(
+                device_name, same=canonical_device, noun="device", instead_of_text="'auto' or a list of device names"
+            ),
             "auto = the CPU and every visible GPU; or a list of framework device names",
             auto=True,
         ),

@@ -27,9 +27,17 @@ class StateStore:
     def _counted(self, state: ServiceState, result: SweepResult) -> ServiceState:
         return dataclasses.replace(state, sweeps=_bumped(state.sweeps, result))
 
+    def as_wanted(self, outcome: SweepOutcome) -> SweepOutcome:
+        """The outcome with only what the loaded configuration asks for (a reload may come mid-sweep): what
+        is recorded of it, here and in the run history."""
+        if outcome.snapshot is None or self._wanted is None:
+            return outcome
+        return dataclasses.replace(outcome, snapshot=trimmed(outcome.snapshot, self._wanted))
+
     def record(self, outcome: SweepOutcome) -> None:
         """A finished sweep: its snapshot (if the worker completed) replaces the served one."""
         with self._lock:
+            outcome = self.as_wanted(outcome)
             state = self._counted(self._state, outcome.result)
             changes: dict[str, object] = {"last_outcome": outcome}
             if outcome.snapshot is not None:
@@ -41,8 +49,10 @@ class StateStore:
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
     def record_retry(self, outcome: SweepOutcome) -> RetryResult:
-        """A retry of busy GPUs: what it measured is laid over the served snapshot; counted apart from sweeps."""
+        """A retry of busy GPUs: what it measured is laid over the served snapshot; counted apart from sweeps,
+        by what the configuration still asks for (a GPU a reload removed is not still busy)."""
         with self._lock:
+            outcome = self.as_wanted(outcome)
             state = self._state
             snapshot = outcome.snapshot
             if snapshot is None or outcome.result is not SweepResult.SUCCESS:

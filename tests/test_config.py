@@ -280,3 +280,40 @@ def test_thousands_of_problems_list_the_first_fifty_and_count_the_rest(tmp_path:
     assert lines[1].startswith("  k00000: unknown key")
     assert lines[-1] == "  ... and 49950 more: fix these and check again"
     assert len(raised.value.problems) == 50_000
+
+
+FIVE_FIELDS = "is not a valid 5-field crontab expression (expected 5 fields (minute hour day month weekday), got"
+
+
+@pytest.mark.parametrize(
+    ("document", "problems"),
+    [
+        ({"schedule": {"cron": "*/15 * * *"}}, [f"schedule.cron: {FIVE_FIELDS} 4), got '*/15 * * *'"]),
+        (
+            {"schedule": {"interval": "15m", "cron": "bad"}},
+            [f"schedule.cron: {FIVE_FIELDS} 1), got 'bad'", "schedule: set either interval or cron, not both"],
+        ),
+        (
+            {"schedule": {"interval": "15m", "cron": 7}},
+            [
+                "schedule.cron: must be a crontab string like '*/15 * * * *', got int 7",
+                "schedule: set either interval or cron, not both",
+            ],
+        ),
+        ({"benchmark": {"devices": 5}}, ["benchmark.devices: must be a list, got int 5"]),
+        ({"benchmark": {"devices": "gpu"}}, ["benchmark.devices: must be 'auto' or a list of device names, got 'gpu'"]),
+        ({"benchmark": {"sizes": "10"}}, ["benchmark.sizes: must be a list, got a string '10'"]),
+        ({"server": {"listen": 9437}}, ["server.listen: must be a string HOST:PORT, got 9437"]),
+        ({"server": {"listen": ":0"}}, ["server.listen: port must be between 1 and 65535, got 0 in ':0'"]),
+    ],
+    ids=["cron-4-fields", "bad-cron-and-interval", "cron-not-text", "devices-int", "devices-text", "sizes-text",
+         "listen-int", "listen-port-0"],
+)  # fmt: skip
+def test_messages_read_word_for_word_as_before_the_rules_moved_onto_the_types(
+    document: dict[str, Any], problems: list[str]
+) -> None:
+    """Issue 20 kept every message: these are the words of the reader before the converters (7723bed), in full,
+    and a bad cron line beside an interval still reports both problems."""
+    with pytest.raises(ConfigError) as raised:
+        settings_from_mapping(document)
+    assert [str(p) for p in raised.value.problems] == problems

@@ -223,6 +223,19 @@ def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep
 
 
 @pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
+def test_a_retry_laid_over_the_sweep_is_drawn_anew_though_the_sweep_end_is_the_same() -> None:
+    """A retry's timings change what is served but not the sweep's end time: the chart follows what is served."""
+    drawing = _HeldDrawing()
+    drawing.release.set()
+    picture = page.SweepPicture(drawing)
+    assert _drawn(picture, ServiceState(latest=FULL_SNAPSHOT)).state is page.PictureState.DRAWN
+    retried = dataclasses.replace(FULL_SNAPSHOT, withheld=())
+    assert retried.finished_at == FULL_SNAPSHOT.finished_at
+    assert _drawn(picture, ServiceState(latest=retried)).state is page.PictureState.DRAWN
+    assert drawing.drew == [FULL_SNAPSHOT.finished_at] * 2
+
+
+@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep() -> None:
     """A chart that cannot be drawn is reported as failed and not tried again for the same sweep."""
     drawing = _HeldDrawing(result=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 
@@ -58,6 +59,22 @@ def test_reload_keeps_the_listen_address_until_a_restart() -> None:
         assert service.reload() is True
         assert service._settings.server == before
         assert service._settings.benchmark.sizes == (8,)
+    finally:
+        service.stop()
+
+
+def test_reload_keeps_the_backend_until_a_restart(caplog: pytest.LogCaptureFixture) -> None:
+    """/metrics names the backend read at start: a new benchmark.backend waits for a restart, the rest applies."""
+    other = Settings(benchmark=BenchmarkSettings(backend="tests.fakes:curve", sizes=(8,)))
+    service = _service([other])
+    try:
+        before = service._settings.benchmark.backend
+        assert before != other.benchmark.backend
+        with caplog.at_level(logging.WARNING):
+            assert service.reload() is True
+        assert service._settings.benchmark.backend == before
+        assert service._settings.benchmark.sizes == (8,)
+        assert "benchmark.backend changes take effect at the next restart" in caplog.text
     finally:
         service.stop()
 

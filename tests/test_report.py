@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from monitor.model import DeviceInfo, SweepOutcome, SweepResult
-from monitor.report import render_table
+from monitor.report import read_json, render_json, render_table
 from tests.builders import measurement, snapshot
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
@@ -32,3 +34,17 @@ def test_the_gpu_rows_show_cpu_time_over_gpu_time_and_the_cpu_rows_none() -> Non
     table = render_table(SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=served))
     assert [row.split()[-1] for row in _rows(table, "/GPU:0")] == ["4.00x", "8.00x"]
     assert [row.split()[-1] for row in _rows(table, "/CPU:0")] == ["-", "-"]
+
+
+def test_an_older_once_json_with_the_probe_role_is_read_with_the_current_name() -> None:
+    """`once --json` files written before the rename (role "probe") still read back, as fixed_cost."""
+    fixed_cost = measurement("/GPU:0", 1, 1e-5, role="fixed_cost")
+    outcome = SweepOutcome(
+        result=SweepResult.SUCCESS,
+        started_at=1.0,
+        finished_at=2.0,
+        snapshot=snapshot((), [fixed_cost], started_at=1.0, finished_at=2.0),
+    )
+    older = json.loads(render_json(outcome).replace('"role": "fixed_cost"', '"role": "probe"'))
+    assert older["snapshot"]["measurements"][0]["role"] == "probe"
+    assert read_json(older) == outcome

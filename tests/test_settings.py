@@ -14,7 +14,9 @@ from monitor.settings import (
     BenchmarkSettings,
     HistorySettings,
     ScheduleSettings,
+    Settings,
     TimingSettings,
+    sections,
 )
 
 # (the document, the same values built in code, the section the code's message is relative to)
@@ -110,3 +112,24 @@ def test_auto_and_null_read_as_the_default_and_the_cron_line_replaces_the_interv
     )
     assert (read.schedule.interval_s, read.schedule.cron) == (None, "0 3 * * *")
     assert (read.benchmark.devices, read.benchmark.cpu_threads, read.benchmark.timeout_s) == (None, None, 600.0)
+
+
+def test_a_list_built_in_code_is_held_to_the_ascending_rule_too() -> None:
+    """A list (not only a tuple) given for sizes in code is refused when out of order, not left to the worker."""
+    with pytest.raises(ValueError, match="sizes: must be in ascending order"):
+        BenchmarkSettings(sizes=[100, 10])  # type: ignore[arg-type]
+
+
+def test_every_section_is_read_under_the_key_its_path_ends_with() -> None:
+    """The reader finds a section by its field's name and reports it by SECTION: the two must agree."""
+
+    def walk(cls: type[Any], path: str) -> list[tuple[str, str]]:
+        found = []
+        for name, section in sections(cls).items():
+            where = f"{path}.{name}" if path else name
+            found += [(section.SECTION, where), *walk(section, where)]
+        return found
+
+    pairs = walk(Settings, "")
+    assert len(pairs) == 7  # schedule, benchmark (timing, refine), guard, server, history
+    assert all(declared == walked for declared, walked in pairs), pairs

@@ -49,3 +49,20 @@ def test_the_store_serves_only_what_the_loaded_configuration_wants() -> None:
     store.record_config(loaded=True, at=3.0, wanted=Wanted(sizes=(16, 32, 64, 128)))
     store.record(outcome)
     assert {device for device, _ in served_points()} == {"/CPU:0", "/GPU:0"}
+
+
+def test_a_retry_whose_busy_gpu_a_reload_removed_counts_measured_and_is_recorded_without_it() -> None:
+    """A reload mid-retry drops the GPU: the retry is not 'busy' for a GPU no longer asked for, and the
+    outcome the run history records lists only what the configuration still wants."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    busy = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.GPU_BUSY, detail="a job")
+    retry = dataclasses.replace(outcome, snapshot=dataclasses.replace(outcome.snapshot, withheld=(busy,)))
+    store = StateStore()
+    store.record(outcome)
+    store.record_config(loaded=True, at=1.0, wanted=Wanted(sizes=(16, 32), devices=("/CPU:0",)))
+    assert store.record_retry(retry) is RetryResult.MEASURED
+    recorded = store.as_wanted(retry).snapshot
+    assert recorded is not None
+    assert {d.device for d in recorded.devices} == {"/CPU:0"}
+    assert not recorded.withheld
