@@ -220,13 +220,15 @@ class SweepCoordinator:
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
             fields["no_gpu"] = problem
-        recorded = self._store.as_wanted(outcome)  # the history lists what is served, as the store keeps it
+        # Trimmed once to the configuration loaded now, so the store and the history record the same outcome
+        # even if a reload comes in between (the store's own trim of it then changes nothing).
+        recorded = self._store.as_wanted(outcome)
         if retry:
-            fields["result"] = self._store.record_retry(outcome).value
+            fields["result"] = self._store.record_retry(recorded).value
             self._remember("retry", recorded)
             log.info("retry finished", extra=fields)
             return
-        self._store.record(outcome)
+        self._store.record(recorded)
         self._remember("sweep", recorded)
         if outcome.result is SweepResult.SUCCESS:
             log.info("sweep finished", extra=fields)
