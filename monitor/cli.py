@@ -22,6 +22,7 @@ from monitor.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_START,
+    EXIT_WITHHELD,
     ConfigError,
     StartupError,
 )
@@ -206,7 +207,9 @@ def _once(settings: Settings, as_json: bool) -> int:
         print("crossover-monitor: interrupted; the sweep's worker was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(render_json(outcome) if as_json else render_table(outcome))
-    return EXIT_OK if outcome.result is SweepResult.SUCCESS else EXIT_FAILURE
+    if outcome.result is SweepResult.SUCCESS:
+        return EXIT_OK
+    return EXIT_WITHHELD if outcome.result.completed else EXIT_FAILURE
 
 
 def _node_check(args: argparse.Namespace) -> int:

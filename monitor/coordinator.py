@@ -166,7 +166,7 @@ class SweepCoordinator:
         what = "retry" if retry else "sweep"
         try:
             outcome = self._time(plan, what, started_at)
-            if self._stopping.is_set() and outcome.result is not SweepResult.SUCCESS:
+            if self._stopping.is_set() and not outcome.result.completed:
                 # Cut short by the stop: not a failure, and logged in the same words whatever the worker said.
                 log.info(f"{what} stopped: the service is stopping", extra={"duration_s": round(outcome.duration_s, 3)})
             else:
@@ -232,6 +232,8 @@ class SweepCoordinator:
         self._remember("sweep", recorded)
         if outcome.result is SweepResult.SUCCESS:
             log.info("sweep finished", extra=fields)
+        elif outcome.result.completed:  # the guard withheld devices: said at warning, with each one's reason
+            log.warning("sweep finished", extra={**fields, "reason": outcome.reason})
         else:
             log.error("sweep failed", extra={**fields, "reason": outcome.reason})
 

@@ -8,6 +8,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1  # a sweep run by `once` failed, or the service failed at run time
 EXIT_CONFIG = 78  # EX_CONFIG from sysexits.h: the configuration is invalid (2, bad usage, is argparse's own)
 EXIT_START = 3  # the service could not start (e.g. its listen address is taken)
+EXIT_WITHHELD = 4  # `once`: the guard withheld some device (or every one): the output names each and why
 EXIT_INTERRUPTED = 130  # `once` was stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
 

@@ -110,7 +110,10 @@ DEVICE_INFO = _metric(
 BENCHMARK_INFO = _metric(
     "matmul_benchmark_info", "Settings and versions that change the answer", ("backend", *ENVIRONMENT_LABELS), "info"
 )
-LAST_SUCCESS = _metric("matmul_sweep_last_success_timestamp_seconds", "When the latest successful sweep ended")
+LAST_SUCCESS = _metric(
+    "matmul_sweep_last_success_timestamp_seconds",
+    "When the latest sweep that measured something (success, partial) ended",
+)
 SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took")
 SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
 NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")

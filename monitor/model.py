@@ -61,10 +61,24 @@ def canonical_device(name: str) -> str:
 class SweepResult(enum.Enum):
     """How one scheduled sweep ended; the label values of ``matmul_sweeps_total``."""
 
-    SUCCESS = "success"
+    SUCCESS = "success"  # every device found was measured
+    # The worker finished, but the guard withheld some devices (PARTIAL) or every one (WITHHELD: nothing was
+    # measured); the reason names each withheld device and why.
+    PARTIAL = "partial"
+    WITHHELD = "withheld"
     FAILED = "failed"
     TIMEOUT = "timeout"
     SKIPPED = "skipped"
+
+    @property
+    def completed(self) -> bool:
+        """The worker timed its whole plan, whatever the guard withheld on the way."""
+        return self in (SweepResult.SUCCESS, SweepResult.PARTIAL, SweepResult.WITHHELD)
+
+    @property
+    def measured(self) -> bool:
+        """It measured something: the served results are (in part) this sweep's."""
+        return self in (SweepResult.SUCCESS, SweepResult.PARTIAL)
 
 
 class RetryResult(enum.Enum):

@@ -37,6 +37,7 @@ table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.25rem 0.75rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; }
 .failed, .timeout, .withheld { color: #b00020; }
+.partial { color: #8a5a00; }
 .success, .found { color: #1b5e20; }
 img { max-width: 100%; border: 1px solid #ddd; }
 nav a { margin-right: 1rem; }
@@ -125,8 +126,16 @@ def _crossovers(state: ServiceState) -> list[str]:
     problem = (
         [] if latest is None or not latest.gpu_problem else [f"<p id='no-gpu'>No GPU: {_e(latest.gpu_problem)}</p>"]
     )
-    if latest is None or not latest.crossovers:
+    if latest is None:
         return ["<p>None yet.</p>", *problem]
+    # Every withheld device with its reason, also where nothing could be compared: a sweep that measured
+    # nothing says what it withheld and why, never only "none yet".
+    withheld = [
+        f"<p class='withheld'>{_e(w.device)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
+        for w in latest.withheld
+    ]
+    if not latest.crossovers:
+        return ["<p>None yet.</p>", *problem, *withheld]
     head = "".join(f"<th>{h}</th>" for h in ("GPU", "CPU", "dtype", "mode", "state", "n*", "bracket", "measured"))
     rows = [f"<table id='crossovers'><tr>{head}</tr>"]
     measured = dict(latest.measured_at)
@@ -140,12 +149,7 @@ def _crossovers(state: ServiceState) -> list[str]:
             f"<td>{_e(when)}</td></tr>"
         )
     rows.append("</table>")
-    rows.extend(problem)
-    rows.extend(
-        f"<p class='withheld'>{_e(w.device)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
-        for w in latest.withheld
-    )
-    return rows
+    return [*rows, *problem, *withheld]
 
 
 def _runs(state: ServiceState, runs: Sequence[Run] | None) -> list[str]:

@@ -44,7 +44,7 @@ class StateStore:
                 changes["latest"], changes["recent"] = served(
                     state.latest, outcome.snapshot, wanted=self._wanted, recent=state.recent
                 )
-            if outcome.result is SweepResult.SUCCESS:
+            if outcome.result.measured:
                 changes["last_success_at"] = outcome.finished_at
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
@@ -55,7 +55,7 @@ class StateStore:
             outcome = self.as_wanted(outcome)
             state = self._state
             snapshot = outcome.snapshot
-            if snapshot is None or outcome.result is not SweepResult.SUCCESS:
+            if snapshot is None or not outcome.result.completed:
                 result = RetryResult.FAILED
             elif snapshot.gpus_to_retry:
                 result = RetryResult.BUSY

@@ -295,11 +295,24 @@ def run_sweep(
         withheld=tuple(collected.withheld),
         hardware=tuple(h for h in collected.hardware if h.device not in left_out),
     )
-    produced = measurements or collected.withheld
-    result = SweepResult.FAILED if device_failures or not produced else SweepResult.SUCCESS
-    reason = "; ".join(f"{f.device}: {f.reason}" for f in device_failures) or (
-        "" if produced else "no device produced a measurement"
-    )
+    result, reason = _result(device_failures, measurements, collected.withheld)
     return SweepOutcome(
         result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
     )
+
+
+def _result(
+    device_failures: list[DeviceFailure], measurements: list[Measurement], withheld: list[Withheld]
+) -> tuple[SweepResult, str]:
+    """How a sweep whose worker finished ended, and why: a sweep that measured nothing is never a success."""
+    if device_failures:
+        return SweepResult.FAILED, "; ".join(f"{f.device}: {f.reason}" for f in device_failures)
+    if not measurements and not withheld:
+        return SweepResult.FAILED, "no device produced a measurement"
+    why = "; ".join(f"{w.device} withheld ({w.reason.value}): {w.detail}" for w in withheld)
+    if not withheld:
+        return SweepResult.SUCCESS, ""
+    if not measurements:
+        return SweepResult.WITHHELD, f"nothing measured: {why}"
+    measured = ", ".join(sorted({m.key.device for m in measurements}))
+    return SweepResult.PARTIAL, f"measured {measured}; {why}"

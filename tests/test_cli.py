@@ -134,6 +134,30 @@ def test_once_exits_1_when_the_sweep_fails(tmp_path: Path) -> None:
     assert "sweep failed" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("devices", "result", "reason"),
+    [
+        ("auto", "partial", "measured /CPU:0; /GPU:0 withheld (unguarded): the guard cannot see"),
+        ('["/GPU:0"]', "withheld", "nothing measured: /GPU:0 withheld (unguarded): the guard cannot see"),
+    ],
+)
+def test_once_exits_4_and_names_each_device_the_guard_withheld(
+    tmp_path: Path, devices: str, result: str, reason: str
+) -> None:
+    """A sweep the guard withheld a device of is not a success: its result, reason and exit code say so."""
+    # The fake GPU has no NVML behind it: with the guard requiring NVML it is withheld as unguarded.
+    config = fake_config().replace("require_nvml: false", "require_nvml: true")
+    config = config.replace("benchmark:\n", f"benchmark:\n  devices: {devices}\n")
+    done = _once(tmp_path, "--json", config=config)
+    assert done.returncode == 4, done.stderr
+    body = json.loads(done.stdout)
+    assert (body["result"], body["reason"][: len(reason)]) == (result, reason), body["reason"]
+    table = _once(tmp_path, config=config)
+    assert table.returncode == 4
+    assert table.stdout.startswith(f"sweep {result} in "), table.stdout
+    assert "withheld: /GPU:0 (unguarded): the guard cannot see" in table.stdout
+
+
 def test_sigterm_stops_once_and_its_worker(tmp_path: Path) -> None:
     """SIGTERM during `once` kills the sweep's worker (its own process group) and exits 130."""
     path = tmp_path / "config.yaml"

@@ -107,7 +107,10 @@ def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> 
     _, outcome = sweep_with(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
     snapshot = outcome.snapshot
     assert snapshot is not None
-    assert outcome.result is SweepResult.SUCCESS  # busy is not a failure
+    # Busy is not a failure, but a sweep that measured nothing is no success either: it says what it withheld.
+    assert outcome.result is SweepResult.WITHHELD
+    assert outcome.reason.startswith("nothing measured: /GPU:0 withheld (gpu_busy)"), outcome.reason
+    assert "/CPU:0 withheld (yielded)" in outcome.reason
     assert not snapshot.measurements  # the CPU yielded to the job as well
     assert {c.state for c in snapshot.crossovers} == {CrossoverState.WITHHELD}
     assert snapshot.withheld_devices == {"/GPU:0", "/CPU:0"}
@@ -121,6 +124,8 @@ def test_a_gpu_busy_from_the_start_does_not_stop_the_cpu() -> None:
     assert snapshot is not None
     assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
     assert snapshot.withheld_devices == {"/GPU:0"}
+    assert outcome.result is SweepResult.PARTIAL
+    assert outcome.reason.startswith("measured /CPU:0; /GPU:0 withheld (gpu_busy): 1 other process"), outcome.reason
 
 
 @pytest.mark.parametrize("sampler", [None, FailingSampler()], ids=["nvml-missing", "nvml-failing"])

@@ -140,6 +140,17 @@ def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
     )
 
 
+def test_every_withheld_device_is_named_with_its_reason_also_where_no_crossover_could_be_compared() -> None:
+    """A sweep that measured nothing (the CPU alone, withheld) says on the page what it withheld and why."""
+    contended = Withheld(
+        backend="fake", device="/CPU:0", reason=WithheldReason.CPU_CONTENDED, detail="other processes used <1.2> cores"
+    )
+    latest = dataclasses.replace(FULL_SNAPSHOT, crossovers=(), measurements=(), withheld=(contended,))
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
+    assert "<p>None yet.</p>" in rendered
+    assert "<p class='withheld'>/CPU:0 withheld (cpu_contended): other processes used &lt;1.2&gt; cores</p>" in rendered
+
+
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
     """The runs table comes from the history, or without one from the latest outcome alone."""
     run = Run(

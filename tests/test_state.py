@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from monitor.carry import Wanted
-from monitor.model import RetryResult, ServiceState, Withheld, WithheldReason
+from monitor.model import RetryResult, ServiceState, SweepResult, Withheld, WithheldReason
 from monitor.state import StateStore
 from tests.guardfakes import IDLE, sweep_with
 
@@ -66,3 +66,22 @@ def test_a_retry_whose_busy_gpu_a_reload_removed_counts_measured_and_is_recorded
     assert recorded is not None
     assert {d.device for d in recorded.devices} == {"/CPU:0"}
     assert not recorded.withheld
+
+
+def test_a_sweep_the_guard_withheld_whole_is_counted_so_and_does_not_move_the_last_success() -> None:
+    """A sweep that measured nothing is not a success: it is counted withheld and leaves the last success; one
+    that measured part is counted partial and moves it; a retry that finds its GPU withheld again counts busy."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    store = StateStore()
+    store.record(outcome)
+    busy = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.GPU_BUSY, detail="a job")
+    snapshot = dataclasses.replace(outcome.snapshot, withheld=(busy,))
+    nothing = dataclasses.replace(outcome, result=SweepResult.WITHHELD, finished_at=1e10, snapshot=snapshot)
+    store.record(nothing)
+    state = store.read()
+    assert (state.count(SweepResult.WITHHELD), state.last_success_at) == (1, outcome.finished_at)
+    store.record(dataclasses.replace(nothing, result=SweepResult.PARTIAL, finished_at=2e10))
+    state = store.read()
+    assert (state.count(SweepResult.PARTIAL), state.last_success_at) == (1, 2e10)
+    assert store.record_retry(nothing) is RetryResult.BUSY
