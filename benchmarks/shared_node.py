@@ -16,7 +16,13 @@ Everything the service publishes is compared with ``torch.utils.benchmark.Timer.
    around both crossovers: how far each one's n* moves from process to process;
 5. ``alternate``: service and peer alternated size by size, each point in fresh processes (a one-size
    sweep, then the peer), ``--rounds`` times: on VMs whose fresh processes differ by up to 1.5x, the
-   median over several processes per side is what a 5% comparison needs.
+   median over several processes per side is what a 5% comparison needs;
+6. ``cotenants`` (issue 32): each co-tenant shape of ``--shapes`` (a multi-threaded BLAS GEMM at 1, 4
+   and 8 threads, two memory-bandwidth loops, busy loops on half the cores, one busy core, a CPU quota
+   on the worker as a stand-in for steal) between idle sweeps of the same hour; every published
+   point (CPU and GPU, every size, the fixed-cost points too) of a loaded sweep against the range of
+   all idle sweeps for that point widened by 10%, or withheld with its cause. Sweeps get the host
+   reference's idle baseline from the sweeps before them, as the service's do.
 
 Usage on a GPU machine with torch: ``python3 benchmarks/shared_node.py --out results/x.json``.
 """
@@ -41,9 +47,10 @@ sys.path.insert(0, str(REPO))
 
 from monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from monitor.crossover import find_crossover  # noqa: E402
-from monitor.model import MODES  # noqa: E402
+from monitor.model import MODES, HostReference  # noqa: E402
 from monitor.protocol import Plan  # noqa: E402
 from monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
+from monitor.state import HOST_REFERENCES_KEPT  # noqa: E402
 from monitor.sweep import run_sweep  # noqa: E402
 
 # 96 and 160 beside 128: on the H200 the compute crossover sits near 128, where one noisy size decides
@@ -113,6 +120,7 @@ def run_peer(
 
 
 CPU_NAMES = {"torch": "cpu", "jax": "cpu:0"}  # the CPU device's name in each backend
+HOST_REFERENCES: list[HostReference] = []  # each sweep's host reference, oldest first
 
 
 def sweep(
@@ -131,11 +139,17 @@ def sweep(
         refine=RefineSettings(enabled=refine, budget_s=20),
     )
     started = time.monotonic()
-    outcome = run_sweep(Plan(bench=bench, guard=GuardSettings()), timeout_s=300, cancel=threading.Event())
+    # The host reference's idle figure from the sweeps before, as the service's StateStore keeps it.
+    plan = Plan(
+        bench=bench, guard=GuardSettings(), host_baseline=HostReference.of(HOST_REFERENCES[-HOST_REFERENCES_KEPT:])
+    )
+    outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     snapshot = outcome.snapshot
     result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
     if snapshot is None:
         return result
+    if snapshot.host_reference is not None:
+        HOST_REFERENCES.append(snapshot.host_reference)
     kinds = {d.device: d.kind for d in snapshot.devices}
     curves: dict[str, dict[str, dict[int, float]]] = {}
     for m in snapshot.measurements:
@@ -143,6 +157,10 @@ def sweep(
             name = f"{kinds[m.key.device]} {m.key.mode}"
             curves.setdefault(m.key.device, {}).setdefault(name, {})[m.key.size] = m.timing.median_s
     result["curves"] = curves
+    # Every point published (fixed-cost and refined sizes too), by "kind mode n".
+    result["published"] = {
+        f"{kinds[m.key.device]} {m.key.mode} {m.key.size}": m.timing.median_s for m in snapshot.measurements
+    }
     result["crossovers"] = [
         {"gpu": c.gpu, "mode": c.mode, "state": c.state.value, "size": c.size} for c in snapshot.crossovers
     ]
@@ -374,6 +392,124 @@ def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path)
     print(f"  job GEMM/s during sweep {during} after {after} -> loss {loss}")
 
 
+CO_TENANTS = {  # programs that share the node: (code, processes)
+    "blas1": ("import torch; torch.set_num_threads(1); a = torch.rand(1024, 1024)\nwhile True: a @ a", 1),
+    "blas4": ("import torch; torch.set_num_threads(4); a = torch.rand(2048, 2048)\nwhile True: a @ a", 1),
+    "blas8": ("import torch; torch.set_num_threads(8); a = torch.rand(2048, 2048)\nwhile True: a @ a", 1),
+    # Two streams of 512 MiB copies: memory bandwidth and the last-level cache, little CPU.
+    "membw": (
+        "import torch; torch.set_num_threads(1); a, b = torch.empty(2**27), torch.empty(2**27)\nwhile True: b.copy_(a)",
+        2,
+    ),
+    "spin8": ("while True: pass", 0),  # 0: half the cores
+    "core1": ("import os; os.sched_setaffinity(0, {0})\nwhile True: pass", 1),
+}
+QUOTA_GROUP = Path("/sys/fs/cgroup/crossover-monitor-quota")
+
+
+class _Quota:
+    """This process (and so the worker it spawns) under a cgroup v2 CPU quota of ``cores``: time taken
+    from the worker's threads that no other process of the guest uses (a stand-in for steal)."""
+
+    def __init__(self, cores: float) -> None:
+        self.cores = cores
+
+    def __enter__(self) -> None:
+        QUOTA_GROUP.mkdir(exist_ok=True)
+        (QUOTA_GROUP / "cpu.max").write_text(f"{int(self.cores * 100_000)} 100000\n")
+        (QUOTA_GROUP / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+    def __exit__(self, *exc: object) -> None:
+        Path("/sys/fs/cgroup/cgroup.procs").write_text(f"{os.getpid()}\n")
+
+
+def co_tenant(shape: str) -> list[subprocess.Popen[bytes]]:
+    code, count = CO_TENANTS[shape]
+    count = count or len(os.sched_getaffinity(0)) // 2
+    return [subprocess.Popen([sys.executable, "-c", code], start_new_session=True) for _ in range(count)]
+
+
+def cotenant_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    """Each co-tenant shape between idle sweeps; every published point against the idle range."""
+    rows: list[dict[str, Any]] = []
+    results["cotenants"] = rows
+    shapes = args.shapes.split(",")
+    for shape in [*shapes, "idle"]:
+        rows.append({"shape": "idle", "service": sweep(args)})
+        save()
+        print(f"idle: {rows[-1]['service']['result']} withheld {rows[-1]['service'].get('withheld')}")
+        if shape == "idle":
+            break
+        busy: list[subprocess.Popen[bytes]] = []
+        try:
+            if shape.startswith("quota"):
+                with _Quota(float(shape.removeprefix("quota") or 8)):
+                    service = sweep(args)
+            else:
+                busy = co_tenant(shape)
+                time.sleep(2)  # the co-tenant at full speed before the sweep starts
+                service = sweep(args)
+        finally:
+            for process in busy:
+                process.kill()
+            for process in busy:
+                process.wait()
+        rows.append({"shape": shape, "service": service})
+        save()
+    results["cotenant_report"] = cotenant_report(
+        rows + [{"shape": "idle", "service": r["service"]} for r in results["idle"]]
+    )
+    print_cotenant_report(results["cotenant_report"])
+
+
+def cotenant_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each loaded sweep's published points against the idle sweeps' range for that point, widened by 10%."""
+    idle = [r["service"] for r in rows if r["shape"] == "idle"]
+    by_point: dict[str, list[float]] = {}
+    for service in idle:
+        for point, seconds in service.get("published", {}).items():
+            by_point.setdefault(point, []).append(seconds)
+    ranges = {p: (min(t) / 1.1, max(t) * 1.1, statistics.median(t)) for p, t in by_point.items() if len(t) >= 2}
+    report: dict[str, Any] = {
+        "idle_sweeps": len(idle),
+        "idle_with_anything_withheld": sum(1 for s in idle if s.get("withheld")),
+        "idle_withheld": [s.get("withheld") for s in idle if s.get("withheld")],
+        "shapes": [],
+    }
+    for row in rows:
+        if row["shape"] == "idle":
+            continue
+        service = row["service"]
+        points = {}
+        for point, seconds in service.get("published", {}).items():
+            if point in ranges:
+                low, high, median = ranges[point]
+                points[point] = {"ratio": seconds / median, "inside": low <= seconds <= high}
+        report["shapes"].append(
+            {
+                "shape": row["shape"],
+                "result": service["result"],
+                "withheld": service.get("withheld", []),
+                "outside": {p: round(v["ratio"], 3) for p, v in points.items() if not v["inside"]},
+                "published": len(points),
+                "ratios": {p: round(v["ratio"], 3) for p, v in points.items()},
+                "crossovers": service.get("crossovers"),
+                "hardware": service.get("hardware"),
+            }
+        )
+    return report
+
+
+def print_cotenant_report(report: dict[str, Any]) -> None:
+    print(f"idle sweeps: {report['idle_sweeps']}, with anything withheld: {report['idle_with_anything_withheld']}")
+    for withheld in report["idle_withheld"]:
+        print(f"  idle withheld: {withheld}")
+    for shape in report["shapes"]:
+        withheld = "; ".join(f"{w['device']} {w['reason']}: {w['detail']}" for w in shape["withheld"]) or "nothing"
+        print(f"{shape['shape']}: {shape['result']}, {shape['published']} points published, withheld {withheld}")
+        print(f"  outside the idle range +-10%: {shape['outside'] or 'none'}")
+
+
 def alternate_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     """Service and peer alternated size by size, each in fresh processes, ``--rounds`` times."""
     sizes = [int(n) for n in args.alternate_sizes.split(",")]
@@ -450,10 +586,21 @@ def main() -> None:
     parser.add_argument(
         "--peer-again", action="store_true", help="alternate: the peer a second time, in its own process"
     )
+    parser.add_argument(
+        "--shapes",
+        default="blas1,blas4,blas8,membw,spin8,core1,quota8",
+        help="cotenants: the co-tenant shapes (quotaN: the worker under a quota of N cores)",
+    )
+    parser.add_argument("--report", type=Path, help="print a recorded cotenants phase's report, and stop")
     parser.add_argument("--spread", type=Path, help="print a recorded alternate phase's ratios per round, and stop")
     args = parser.parse_args()
     if args.spread:
         spread(args.spread)
+        return
+    if args.report:
+        recorded = json.loads(args.report.read_text())
+        rows = recorded["cotenants"] + [{"shape": "idle", "service": r["service"]} for r in recorded["idle"]]
+        print_cotenant_report(cotenant_report(rows))
         return
     if args.peer:
         sizes = [int(n) for n in args.sizes.split(",")] if args.sizes else list(SIZES)
@@ -481,6 +628,7 @@ def main() -> None:
             ("gpu", lambda: gpu_phase(args, results, Path(scratch))),
             ("late", lambda: late_phase(args, results, Path(scratch))),
             ("alternate", lambda: alternate_phase(args, results, save)),
+            ("cotenants", lambda: cotenant_phase(args, results, save)),
         ):
             if name in phases:
                 phase()

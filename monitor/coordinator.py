@@ -130,7 +130,12 @@ class SweepCoordinator:
         # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
         # job waits for, so this reads the new time; noted again at the end, should a release change that.
         self._note_next_sweep()
-        plan = Plan(bench=self._settings.benchmark, guard=self._settings.guard, given_up=tuple(sorted(self._given_up)))
+        plan = Plan(
+            bench=self._settings.benchmark,
+            guard=self._settings.guard,
+            given_up=tuple(sorted(self._given_up)),
+            host_baseline=self._store.read().host_baseline,
+        )
         self._run_worker(plan, retry=False)
         self._note_next_sweep()
 
@@ -147,6 +152,7 @@ class SweepCoordinator:
             guard=self._settings.guard,
             given_up=tuple(sorted(self._given_up)),
             retry=True,
+            host_baseline=self._store.read().host_baseline,
         )
         self._run_worker(plan, retry=True)
 

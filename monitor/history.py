@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import RecentCrossovers, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from monitor.model import (
+    HostReference,
+    RecentCrossovers,
+    RetryResult,
+    ServiceState,
+    Snapshot,
+    SweepOutcome,
+    SweepResult,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +112,7 @@ class _Served:
     sweeps: tuple[tuple[SweepResult, int], ...]
     retries: tuple[tuple[RetryResult, int], ...]
     recent: tuple[RecentCrossovers, ...] = ()  # absent in files of earlier versions
+    host_references: tuple[HostReference, ...] = ()  # likewise
 
 
 class HistoryUnavailable(Exception):
@@ -236,6 +245,7 @@ class RunHistory:
             sweeps=state.sweeps,
             retries=state.retries,
             recent=state.recent,
+            host_references=state.host_references,
         )
         now = time.time()
         row = _run_row(kind, outcome, now, reason)

@@ -200,6 +200,11 @@ CPU_STEAL = _metric(
     "Of the other load, the hypervisor's steal on the worker's vCPUs while the CPU was timed, in cores",
     DEVICE_LABELS,
 )
+HOST_SLOWDOWN = _metric(
+    "matmul_host_slowdown_ratio",
+    "Most the host reference ran slower than its idle figure over the device's points (1: as fast)",
+    DEVICE_LABELS,
+)
 HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_SM_CLOCK_MIN, "sm_clock_min_hz"),
     (GPU_SM_CLOCK_MAX, "sm_clock_max_hz"),
@@ -216,6 +221,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),
     (CPU_STEAL, "cpu_steal_cores"),
+    (HOST_SLOWDOWN, "host_slowdown_max"),
 )
 
 # Every name a scrape can contain (counters with their _total suffix): the dashboard and rules tests use it.

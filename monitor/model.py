@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Collection, Iterable, Mapping
+import statistics
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -51,6 +52,33 @@ BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
 BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it (monitor/bench/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
+# The environment keys of the sweep's host reference: the median reading of the host-only reference workload
+# over the sweep, in seconds, and the readings' relative IQR (the daemon's baseline comes from recent ones).
+HOST_REFERENCE = "host_reference_s"
+HOST_REFERENCE_SPREAD = "host_reference_spread"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostReference:
+    """What the host reference read over a sweep (or its idle figure over recent sweeps): how fast the host
+    ran, and how much its readings move on their own there (a noisy VM can only be judged coarsely)."""
+
+    median_s: float
+    spread: float  # relative IQR of the readings
+
+    @staticmethod
+    def of(kept: Sequence[HostReference]) -> HostReference | None:
+        """The idle figure of recent sweeps: the median of their medians; as spread, the larger of their
+        typical spread within a sweep and how far their medians move between sweeps (each sweep is its
+        own process, and on a VM a fresh process can run its host side 10-30% slower or faster)."""
+        if not kept:
+            return None
+        medians = [r.median_s for r in kept]
+        within = statistics.median(r.spread for r in kept)
+        if len(medians) < 4:  # noqa: PLR2004 - quartiles of fewer say little
+            return HostReference(median_s=statistics.median(medians), spread=within)
+        q1, median, q3 = statistics.quantiles(medians, n=4, method="inclusive")
+        return HostReference(median_s=median, spread=max(within, relative_iqr(median, q3 - q1)))
 
 
 def canonical_device(name: str) -> str:
@@ -120,6 +148,9 @@ class WithheldReason(enum.Enum):
     UNGUARDED = "unguarded"  # the guard could not look (NVML missing or failing), so it did not time the GPU
     # A job started on a GPU while the sweep ran: the rest of the sweep was given up to stay out of its way.
     YIELDED = "yielded"
+    # The host ran slower than its idle reference while the point was timed (a neighbour's BLAS job, memory
+    # traffic or SMT sibling, the hypervisor taking time): the point's host side was slowed with it.
+    HOST_SLOWED = "host_slowed"
 
 
 class DeviceState(enum.Enum):
@@ -330,7 +361,9 @@ def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tupl
 
 
 # GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
-RETRIED_REASONS = frozenset({WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED})
+RETRIED_REASONS = frozenset(
+    {WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED, WithheldReason.HOST_SLOWED}
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -377,6 +410,9 @@ class HardwareContext:
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
     # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores
     cpu_steal_cores: float | None = None
+    # The most the host reference ran slower than its idle reference over the device's points that stood
+    # (1.0: as fast; what guard.host_max_slowdown is held against, weighed by each point's host share).
+    host_slowdown_max: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -403,6 +439,18 @@ class Snapshot:
     def gpu_problem(self) -> str | None:
         """Why the backend found no GPU, where it found none (the ``no_gpu`` state's cause and fix)."""
         return dict(self.environment).get(GPU_PROBLEM)
+
+    @property
+    def host_reference(self) -> HostReference | None:
+        """What the host reference read over this sweep, where the guard took readings."""
+        environment = dict(self.environment)
+        try:
+            median, spread = float(environment[HOST_REFERENCE]), float(environment[HOST_REFERENCE_SPREAD])
+        except (KeyError, ValueError):
+            return None
+        if not (math.isfinite(median) and median > 0 and math.isfinite(spread) and spread >= 0):
+            return None
+        return HostReference(median_s=median, spread=spread)
 
     @property
     def measured_devices(self) -> frozenset[str]:
@@ -473,6 +521,15 @@ class ServiceState:
     config_loaded_at: float | None = None
     # n* of each crossover in the latest sweeps: the moves between them widen the served interval.
     recent: tuple[RecentCrossovers, ...] = ()
+    # What the host reference read in each recent sweep, oldest first: the host's idle figure.
+    host_references: tuple[HostReference, ...] = ()
+
+    @property
+    def host_baseline(self) -> HostReference | None:
+        """The host reference's idle figure: the medians of recent sweeps' medians and spreads. A neighbour
+        that slows the host for less than half of the kept sweeps cannot move it; a lasting change of the
+        host becomes the new figure once it holds for that long."""
+        return HostReference.of(self.host_references)
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

@@ -7,7 +7,16 @@ import json
 from dataclasses import dataclass
 
 from monitor.codec import DecodeError, from_data, to_data
-from monitor.model import DeviceFailure, DeviceInfo, HardwareContext, Measurement, PointKey, Role, Withheld
+from monitor.model import (
+    DeviceFailure,
+    DeviceInfo,
+    HardwareContext,
+    HostReference,
+    Measurement,
+    PointKey,
+    Role,
+    Withheld,
+)
 from monitor.settings import BenchmarkSettings, GuardSettings
 from monitor.text import abridged
 
@@ -25,6 +34,8 @@ class Plan:
     given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
     # A retry of busy GPUs: look at them first, and time nothing (not even the CPU) if all are still busy.
     retry: bool = False
+    # The host reference's idle figure from recent sweeps; None: the worker has only this sweep's readings.
+    host_baseline: HostReference | None = None
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

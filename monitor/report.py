@@ -122,6 +122,8 @@ def _hardware_line(h: HardwareContext) -> str:
         parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores{steal}")
     if h.cpu_throttled_s:
         parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
+    if h.host_slowdown_max is not None:
+        parts.append(f"the host ran ≤ {h.host_slowdown_max:.2f}x its idle reference's time")
     return "; ".join(parts) or "nothing could be read"
 
 

@@ -338,6 +338,17 @@ class GuardSettings(Section):
             "a GPU point whose timing thread waited for a CPU more than this share of it is disturbed (1: never)",
         ),
     )
+    # A point that the host's slowdown (the host reference against its idle figure, times the share of the
+    # point's time that is the host's) moved by more than this is disturbed: timed again, then host_slowed.
+    host_max_slowdown: float = field(
+        default=0.10,
+        metadata=key(
+            "host_max_slowdown",
+            number(0, MAX_COUNT),
+            "a point a slower host moved by more than this share (the reference's slowdown × the point's host share)"
+            " is disturbed",
+        ),
+    )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
         default=60.0,
         metadata=key(

@@ -12,6 +12,9 @@ from typing import TypeVar
 from monitor.carry import Wanted, served, trimmed
 from monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
 
+# Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
+HOST_REFERENCES_KEPT = 96
+
 
 class StateStore:
     """Readers get an immutable ServiceState; writers replace it atomically."""
@@ -46,6 +49,9 @@ class StateStore:
                 )
             if outcome.result.measured:
                 changes["last_success_at"] = outcome.finished_at
+            reference = outcome.snapshot.host_reference if outcome.snapshot is not None else None
+            if reference is not None:  # withheld sweeps too: a lasting change of the host must become the figure
+                changes["host_references"] = (*state.host_references, reference)[-HOST_REFERENCES_KEPT:]
             self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
     def record_retry(self, outcome: SweepOutcome) -> RetryResult:

@@ -16,7 +16,7 @@ from typing import Any
 from monitor.bench.contract import BackendOptions, RunBlock
 from monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
 from monitor.bench.runner import run_plan
-from monitor.model import DeviceInfo, Measurement, Mode, SweepOutcome, SweepResult, Withheld
+from monitor.model import DeviceInfo, HostReference, Measurement, Mode, SweepOutcome, SweepResult, Withheld
 from monitor.protocol import Message, Plan
 from monitor.settings import GuardSettings
 from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
@@ -102,6 +102,8 @@ def fake_guard(
     sampler: GpuSampler | None,
     host: FakeHost | None = None,
     pods: Callable[[str], list[str]] | None = None,
+    reference: Callable[[], float] | None = None,
+    baseline: HostReference | None = None,
     **settings: Any,
 ) -> Guard:
     sleeps: list[float] = []
@@ -113,6 +115,8 @@ def fake_guard(
         own_pid=OWN_PID,
         sleep=sleeps.append,
         pods=pods,
+        reference=reference,
+        reference_baseline=baseline,
     )
 
 

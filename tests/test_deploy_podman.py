@@ -156,7 +156,9 @@ def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str
     assert podman("inspect", "--format={{.Config.User}}", gpu_image).stdout.strip() == UID_GID
     assert "healthz" in podman("image", "inspect", "--format={{json .HealthCheck}}", gpu_image).stdout
     config = tmp_path / "config.yaml"
-    config.write_text("benchmark: {sizes: [16, 64], modes: [compute]}\n")
+    config.write_text(
+        "benchmark: {sizes: [16, 64], modes: [compute]}\nguard: {cpu_max_other_cores: 64, host_max_slowdown: 100}\n"
+    )
     done = podman(
         "run",
         "--rm",

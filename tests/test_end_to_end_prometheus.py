@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from monitor.model import SweepResult
 from tests.conftest import free_port
 from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
 from tests.service import RunningService, fake_config, stop_process, wait_until
@@ -35,6 +36,8 @@ benchmark:
   sizes: [1, 32, 128, 256]
   timeout: 60s
   timing: {size_budget: 300ms}
+# Not a test of the guard: this machine's other load must not withhold the CPU.
+guard: {cpu_max_other_cores: 64, host_max_slowdown: 100}
 """
 FAKE_GPU_CONFIG = fake_config(interval="20s")
 # What Grafana would put in for its built-in interval variables.
@@ -127,8 +130,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # Both services have swept and been scraped, and the rules have run over their data.
         wait_until(lambda: bool(stack.query('matmul_duration_seconds{backend="tensorflow"}')), 45, "TensorFlow timings")
         wait_until(lambda: bool(stack.query("instance_device:matmul_gpu_speedup:ratio")), 30, "the GPU speed-up rule")
-        # Two scrapes of each target's four counters, so that increase() has something to compare.
-        wait_until(lambda: len(stack.query("increase(matmul_sweeps_total[1m])")) == 8, 10, "two scrapes")
+        # Two scrapes of each target's counters (one per result), so that increase() has something to compare.
+        counters = 2 * len(SweepResult)  # two targets
+        wait_until(lambda: len(stack.query("increase(matmul_sweeps_total[1m])")) == counters, 10, "two scrapes")
         yield stack
     finally:
         for stop in reversed(started):

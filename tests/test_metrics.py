@@ -162,6 +162,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
                 power_limited_ratio=0.02,
                 thermal_limited_ratio=0.0,
                 host_wait_ratio=0.004,
+                host_slowdown_max=1.03,
             ),
             HardwareContext(
                 backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0, cpu_steal_cores=0.05

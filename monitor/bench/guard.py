@@ -13,17 +13,25 @@ Pure apart from the samplers, meters, clock and sleep it is given, so that tests
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from monitor.bench.podresources import PodResourcesUnavailable
-from monitor.model import DeviceInfo, HardwareContext, Withheld, WithheldReason
+from monitor.model import DeviceInfo, HardwareContext, HostReference, Withheld, WithheldReason, relative_iqr
 from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02
 DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
+# A host reading may be this many relative IQRs of the idle readings slower before the host counts as slowed
+# (about 3 standard deviations of a normal spread), and a sweep without an idle baseline judges nothing before
+# it has this many readings of its own.
+_SPREADS_ALLOWED = 2.0
+_READINGS_TO_JUDGE = 8
 N = TypeVar("N", int, float)
 
 
@@ -94,6 +102,9 @@ class HostLoad:
     # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
     # worker's own threads, had them all); None where the kernel does not say.
     own_wait: float | None = None
+    # How much slower than its idle reference the host ran over the window (the host reference read before
+    # and after it against the fastest reading known, 1.0: as fast); None where the guard takes no readings.
+    host_slowdown: float | None = None
 
 
 class HostMeter(Protocol):
@@ -117,6 +128,7 @@ class _GpuRecord:
     # per limit ("power", "thermal"): (seconds held back, seconds of points over which it was counted)
     limited: dict[str, tuple[float, float]] = field(default_factory=dict)
     host_wait_max: float | None = None  # the most its timing thread waited for a CPU, as a share of a point
+    host_slowdown_max: float | None = None
 
     def add_try(self, load: HostLoad) -> None:
         """Nothing: a GPU point's record keeps only the try that counts."""
@@ -124,6 +136,7 @@ class _GpuRecord:
     def settle(self, load: HostLoad) -> None:
         if load.own_wait is not None:
             self.host_wait_max = max(load.own_wait, self.host_wait_max or 0.0)
+        self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
 
     def close_point(self, after: GpuSample) -> None:
         """Add how long the point that just ended ran held back by each limit NVML counts."""
@@ -149,6 +162,7 @@ class _CpuRecord:
     other_cores_max: float = 0.0
     throttled_s: float = 0.0
     steal_cores_max: float = 0.0
+    host_slowdown_max: float | None = None
 
     def add_try(self, load: HostLoad) -> None:
         self.throttled_s += load.throttled_s  # every try's: a disturbed first try was throttled too
@@ -156,6 +170,7 @@ class _CpuRecord:
     def settle(self, load: HostLoad) -> None:
         self.other_cores_max = max(self.other_cores_max, load.other_cores)
         self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
+        self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
 
 
 class _HostRecord(Protocol):
@@ -183,9 +198,20 @@ class Guard:
         own_pid: int,
         sleep: Callable[[float], None],
         pods: Callable[[str], Sequence[str]] | None = None,
+        reference: Callable[[], float] | None = None,
+        reference_baseline: HostReference | None = None,
     ) -> None:
-        """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes."""
+        """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes.
+
+        ``reference`` takes one reading of the host reference (``monitor.bench.hostprobe``), in seconds;
+        ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
+        """
         self._settings = settings
+        self._reference = reference
+        self._reference_baseline = reference_baseline
+        # What a reading is held against: the baseline, or this sweep's median reading where that is faster.
+        self._reference_best: float | None = None
+        self._readings: list[float] = []  # this sweep's
         self._pods = pods
         self._gpu_sampler = gpu_sampler
         self._gpu_sampler_problem = gpu_sampler_problem
@@ -317,15 +343,21 @@ class Guard:
                 found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
             return found
 
-        return self._metered(host, device, measure, problems, self._cpus.setdefault(device.device, _CpuRecord()))
+        record = self._cpus.setdefault(device.device, _CpuRecord())
+        return self._metered(host, device, measure, problems, record, host_share=lambda: 1.0)
 
-    def time_gpu_point(self, device: DeviceInfo, measure: Callable[[], object]) -> Withheld | None:
+    def time_gpu_point(
+        self, device: DeviceInfo, measure: Callable[[], object], host_share: Callable[[], float] = lambda: 1.0
+    ) -> Withheld | None:
         """Run ``measure`` (one GPU point) under the host meter; timed again once if its host side waited for a CPU.
 
         A GPU point's host side (launches, copies from pageable memory, the wait at each block's end)
         runs on the thread that times it: if that thread sat runnable without a CPU for more than
         ``gpu_max_host_wait`` of the point, the GPU's time includes that wait. Others' load alone
         cannot tell, since it cannot exceed what the worker leaves them.
+
+        ``host_share`` (read after ``measure``): the share of the point's time that is the host's (its fixed
+        cost over its median, for a compute point), by which a slower host moves it.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -339,7 +371,8 @@ class Guard:
             others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
             return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
 
-        return self._metered(host, device, measure, problems, self._gpus.setdefault(device.device, _GpuRecord()))
+        record = self._gpus.setdefault(device.device, _GpuRecord())
+        return self._metered(host, device, measure, problems, record, host_share=host_share)
 
     def _metered(
         self,
@@ -348,29 +381,94 @@ class Guard:
         measure: Callable[[], object],
         problems: Callable[[HostLoad], list[str]],
         record: _HostRecord,
+        *,
+        host_share: Callable[[], float],
     ) -> Withheld | None:
-        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it."""
+        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
+
+        Beside what the meter counts, the host reference is read before and after the point: a host that
+        ran slower than its idle reference moved the point by about that slowdown times its host share.
+        """
         found: list[str] = []
+        slowed: str | None = None
         load = HostLoad(0.0, 0.0, 1.0)
         for attempt in range(2):
             if attempt:
                 self._sleep(DISTURBED_PAUSE_S)
+            before = self._read_reference()
             started = host.start()
             measure()
             load = host.stop(started)
+            load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
             record.add_try(load)
             found = problems(load)
-            if not found:
+            slowed = self._slowed(load, host_share())
+            if not found and slowed is None:
                 break
         record.settle(load)
-        if not found:
+        if found:
+            reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
+        elif slowed is not None:
+            reason, detail = WithheldReason.HOST_SLOWED, slowed
+        else:
             return None
-        return Withheld(
-            backend=device.backend,
-            device=device.device,
-            reason=WithheldReason.CPU_CONTENDED,
-            detail="; ".join(found) + " (timed twice)",
+        return Withheld(backend=device.backend, device=device.device, reason=reason, detail=detail + " (timed twice)")
+
+    def _read_reference(self) -> float | None:
+        if self._reference is None or not self._settings.enabled:
+            return None
+        reading = self._reference()
+        return reading if math.isfinite(reading) and reading > 0 else None
+
+    def _slowdown(self, before: float | None, after: float | None) -> float | None:
+        """The slower of two readings against the idle baseline, or this sweep's median reading where faster.
+
+        Medians, not the fastest reading: a reading moves on its own on a VM (vCPU frequency, cache state),
+        and the fastest of a sweep's hundred readings is the tail of that, not the host's figure.
+        """
+        readings = [r for r in (before, after) if r is not None]
+        if not readings:
+            return None
+        self._readings += readings
+        typical = statistics.median(self._readings)
+        baseline = self._reference_baseline
+        self._reference_best = min(typical, baseline.median_s) if baseline is not None else typical
+        return max(readings) / self._reference_best
+
+    def _allowed(self) -> float | None:
+        """How far the host may be slowed before a point counts as moved: ``host_max_slowdown``, or more
+        where the reference's readings move that much on their own (``_SPREADS_ALLOWED`` relative IQRs of
+        the idle baseline's, else of this sweep's first readings); None while too few say how much they move."""
+        if self._reference_baseline is not None:
+            spread = self._reference_baseline.spread
+        elif len(self._readings) >= _READINGS_TO_JUDGE:
+            # The first readings only: a slowed stretch later in the sweep must not widen its own allowance.
+            spread = _relative_spread(self._readings[:_READINGS_TO_JUDGE])
+        else:
+            return None
+        return max(self._settings.host_max_slowdown, _SPREADS_ALLOWED * spread)
+
+    def _slowed(self, load: HostLoad, share: float) -> str | None:
+        """Why the point's time is the slowed host's, or None: the slowdown times its host share is in bounds."""
+        allowed = self._allowed()
+        if load.host_slowdown is None or self._reference_best is None or allowed is None:
+            return None
+        moved = (load.host_slowdown - 1.0) * min(max(share, 0.0), 1.0)
+        if moved <= allowed:
+            return None
+        reading = load.host_slowdown * self._reference_best
+        return (
+            f"the host ran {load.host_slowdown:.2f}x slower than its idle reference while it was timed "
+            f"({reading * 1e3:.3g} ms against {self._reference_best * 1e3:.3g} ms), which moves a point "
+            f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
         )
+
+    @property
+    def host_reference(self) -> HostReference | None:
+        """What this sweep's readings of the host reference were; None if it took none."""
+        if not self._readings:
+            return None
+        return HostReference(median_s=statistics.median(self._readings), spread=_relative_spread(self._readings))
 
     # --- what the hardware looked like ------------------------------------------------------
 
@@ -379,7 +477,7 @@ class Guard:
         found = []
         for device in devices:
             gpu = self._gpus.get(device.device)
-            if gpu is not None and (gpu.samples or gpu.host_wait_max is not None):
+            if gpu is not None and (gpu.samples or gpu.host_wait_max is not None or gpu.host_slowdown_max is not None):
                 found.append(_gpu_context(device, gpu))
             cpu = self._cpus.get(device.device)
             if cpu is not None:
@@ -390,9 +488,18 @@ class Guard:
                         other_cpu_cores=cpu.other_cores_max,
                         cpu_throttled_s=cpu.throttled_s,
                         cpu_steal_cores=cpu.steal_cores_max,
+                        host_slowdown_max=cpu.host_slowdown_max,
                     )
                 )
         return found
+
+
+def _relative_spread(readings: Sequence[float]) -> float:
+    """The readings' relative IQR (inclusive quartiles)."""
+    if len(readings) < 2:  # noqa: PLR2004 - a spread needs two
+        return 0.0
+    q1, median, q3 = statistics.quantiles(readings, n=4, method="inclusive")
+    return relative_iqr(median, q3 - q1)
 
 
 def _lowest(values: Iterable[N | None]) -> N | None:
@@ -421,4 +528,5 @@ def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
         power_limited_ratio=record.limited_ratio("power"),
         thermal_limited_ratio=record.limited_ratio("thermal"),
         host_wait_ratio=record.host_wait_max,
+        host_slowdown_max=record.host_slowdown_max,
     )

@@ -19,6 +19,8 @@ from monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedu
 from monitor.errors import BackendError, MeasurementFailed
 from monitor.model import (
     GPU_PROBLEM,
+    HOST_REFERENCE,
+    HOST_REFERENCE_SPREAD,
     DeviceFailure,
     DeviceInfo,
     Measurement,
@@ -186,8 +188,16 @@ class _Session:
             if verdict is None:
                 run = self.backend.prepare(device, size, dtype, mode)
                 timings: list[Timing] = []
+                fixed = self.timings.get((device.device, dtype, mode, 1))
+
+                def host_share() -> float:
+                    """A compute point's host side is about its fixed cost; a copy of host memory is host work too."""
+                    if mode != "compute" or fixed is None or not timings:
+                        return 1.0
+                    return min(1.0, fixed.median_s / timings[-1].median_s)
+
                 waited = self.guard.time_gpu_point(
-                    device, lambda: timings.append(measure(run, settings, self.clock, calls=calls))
+                    device, lambda: timings.append(measure(run, settings, self.clock, calls=calls)), host_share
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -290,6 +300,11 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
                 refine_left -= clock() - started
     for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
         emit(context)
+    reference = guard.host_reference
+    if reference is not None:  # the daemon's baseline for the next sweeps
+        emit(
+            Environment({HOST_REFERENCE: f"{reference.median_s:.6g}", HOST_REFERENCE_SPREAD: f"{reference.spread:.4g}"})
+        )
 
 
 def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, problem: str | None, emit: Emit) -> None:

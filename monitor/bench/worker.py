@@ -15,10 +15,12 @@ from typing import TextIO
 from monitor.bench.contract import BackendOptions
 from monitor.bench.guard import GpuSampler, Guard, GuardUnavailable
 from monitor.bench.hostinfo import ProcStatMeter, default_cpu_threads
+from monitor.bench.hostprobe import reading
 from monitor.bench.podresources import PodResourcesClient, holders
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.errors import MonitorError
+from monitor.model import HostReference
 from monitor.protocol import Done, Fatal, Message, Plan, encode
 from monitor.settings import GuardSettings
 
@@ -31,8 +33,8 @@ def _claim_stdout() -> TextIO:
     return channel
 
 
-def build_guard(settings: GuardSettings) -> Guard:
-    """The guard with NVML (when it can start) and the host's load meter."""
+def build_guard(settings: GuardSettings, host_baseline: HostReference | None = None) -> Guard:
+    """The guard with NVML (when it can start), the host's load meter and the host reference."""
     sampler: GpuSampler | None = None
     problem = ""
     if settings.enabled:
@@ -57,6 +59,8 @@ def build_guard(settings: GuardSettings) -> Guard:
         own_pid=os.getpid(),
         sleep=time.sleep,
         pods=pods,
+        reference=reading,
+        reference_baseline=host_baseline,
     )
 
 
@@ -74,7 +78,7 @@ def main() -> int:
     options = BackendOptions(tf32=plan.bench.tf32, cpu_threads=plan.bench.cpu_threads or default_cpu_threads())
     try:
         backend = load_backend(plan.bench.backend, options)
-        run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard))
+        run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard, plan.host_baseline))
     except MonitorError as exc:
         emit(Fatal(str(exc)))
         return 1
