@@ -24,6 +24,8 @@ from monitor.bench.guard import DISTURBED_PAUSE_S, GpuProcess, GpuSample, GpuSam
 from monitor.bench.podresources import PodResourcesUnavailable
 from monitor.errors import EXIT_WITHHELD
 from monitor.model import (
+    HOST_REFERENCE,
+    HOST_REFERENCE_SPREAD,
     CrossoverState,
     DeviceInfo,
     HardwareContext,
@@ -33,7 +35,7 @@ from monitor.model import (
     SweepResult,
     WithheldReason,
 )
-from monitor.protocol import Message
+from monitor.protocol import Environment, Message
 from monitor.settings import GuardSettings
 from monitor.sweep import run_sweep
 from tests.conftest import make_plan
@@ -565,3 +567,36 @@ def test_the_host_check_off_or_the_guard_off_reads_nothing() -> None:
     off = fake_guard(None, FakeHost([0.0]), reference=counted, enabled=False)
     assert off.time_cpu_point(cpu, 1, lambda: None) is None
     assert calls == []
+
+
+def test_a_sweep_on_a_host_slowed_from_its_middle_withholds_what_was_slowed_and_reports_its_reference() -> None:
+    """The real runner: the reference reads 1 ms for the first points, then 2 ms (a neighbour started): the device
+    being timed then is withheld host_slowed, the run reports the sweep's reference readings for the daemon's
+    baseline, and the hardware record names the slowdown of what stood."""
+    readings = [1e-3] * 6 + [2e-3]
+    guard = fake_guard(
+        FakeSampler(lambda _: IDLE), FakeHost([0.0]), reference=_readings(readings), baseline=IDLE_REFERENCE
+    )
+    _, messages = run_guarded(guard)
+    withheld = withheld_in(messages)
+    assert withheld, "a 2x slower host was published as normal"
+    assert {w.reason for w in withheld} == {WithheldReason.HOST_SLOWED}
+    assert "the host ran 2.00x slower than its idle reference" in withheld[0].detail
+    environment: dict[str, str] = {}
+    for message in messages:
+        if isinstance(message, Environment):
+            environment |= message.values
+    assert float(environment[HOST_REFERENCE]) == pytest.approx(2e-3)  # most of its readings were slowed
+    assert float(environment[HOST_REFERENCE_SPREAD]) >= 0
+
+
+def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded() -> None:
+    """The reference at its idle figure all sweep: every device measured, each one's hardware record at 1.00x."""
+    guard = fake_guard(
+        FakeSampler(lambda _: IDLE), FakeHost([0.0]), reference=_readings([1e-3]), baseline=IDLE_REFERENCE
+    )
+    _, messages = run_guarded(guard)
+    assert not withheld_in(messages)
+    contexts = [m for m in messages if isinstance(m, HardwareContext)]
+    assert {c.device for c in contexts} == {"/CPU:0", "/GPU:0"}
+    assert all(c.host_slowdown_max == pytest.approx(1.0) for c in contexts)

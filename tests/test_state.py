@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from monitor.carry import Wanted
-from monitor.model import RetryResult, ServiceState, SweepResult, Withheld, WithheldReason
-from monitor.state import StateStore
+from monitor.model import (
+    HOST_REFERENCE,
+    HOST_REFERENCE_SPREAD,
+    HostReference,
+    RetryResult,
+    ServiceState,
+    SweepResult,
+    Withheld,
+    WithheldReason,
+)
+from monitor.state import HOST_REFERENCES_KEPT, StateStore
 from tests.guardfakes import IDLE, sweep_with
 
 
@@ -85,3 +96,49 @@ def test_a_sweep_the_guard_withheld_whole_is_counted_so_and_does_not_move_the_la
     state = store.read()
     assert (state.count(SweepResult.PARTIAL), state.last_success_at) == (1, 2e10)
     assert store.record_retry(nothing) is RetryResult.BUSY
+
+
+def test_the_store_keeps_each_sweeps_host_reference_and_its_baseline_moves_only_with_most_of_them() -> None:
+    """Every sweep's host reference is kept (withheld sweeps too), the last HOST_REFERENCES_KEPT only; the
+    baseline is their median, and its spread the larger of a sweep's own and the medians' between sweeps."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    store = StateStore()
+    assert store.read().host_baseline is None
+
+    def record(median_s: float, spread: float, result: SweepResult = SweepResult.SUCCESS) -> None:
+        assert outcome.snapshot is not None
+        environment = (
+            *outcome.snapshot.environment,
+            (HOST_REFERENCE, str(median_s)),
+            (HOST_REFERENCE_SPREAD, str(spread)),
+        )
+        snapshot = dataclasses.replace(outcome.snapshot, environment=environment)
+        store.record(dataclasses.replace(outcome, result=result, snapshot=snapshot))
+
+    for median_s in (1.0e-3, 1.1e-3, 0.9e-3):
+        record(median_s, 0.02)
+    baseline = store.read().host_baseline
+    assert baseline == HostReference(median_s=1.0e-3, spread=0.02)  # too few sweeps for a spread between them
+    record(1.0e-3, 0.02)
+    record(5.0e-3, 0.5, SweepResult.WITHHELD)  # one slowed sweep neither moves the figure nor its spread much
+    baseline = store.read().host_baseline
+    assert baseline is not None
+    assert baseline.median_s == pytest.approx(1.0e-3)
+    assert baseline.spread == pytest.approx(0.1)  # medians 0.9-1.1 ms between sweeps: 10% IQR
+    for _ in range(HOST_REFERENCES_KEPT):
+        record(2.0e-3, 0.03)  # a lasting change of the host becomes the figure
+    assert store.read().host_references[0] == HostReference(median_s=2.0e-3, spread=0.03)
+    assert len(store.read().host_references) == HOST_REFERENCES_KEPT
+    assert store.read().host_baseline == HostReference(median_s=2.0e-3, spread=0.03)
+
+
+def test_a_snapshot_without_a_readable_host_reference_has_none() -> None:
+    """A worker that took no readings, or an entry that is not a positive number, gives no host reference."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    assert outcome.snapshot is not None
+    for median_s, spread in (("nan", "0.1"), ("-1", "0.1"), ("0.001", "many")):
+        environment = ((HOST_REFERENCE, median_s), (HOST_REFERENCE_SPREAD, spread))
+        assert dataclasses.replace(outcome.snapshot, environment=environment).host_reference is None
+    good = dataclasses.replace(outcome.snapshot, environment=((HOST_REFERENCE, "0.001"), (HOST_REFERENCE_SPREAD, "0")))
+    assert good.host_reference == HostReference(median_s=0.001, spread=0.0)
