@@ -508,9 +508,7 @@ IDLE_REFERENCE = HostReference(median_s=1e-3, spread=0.02)
 def test_a_point_the_slowed_host_moved_is_timed_again_then_withheld_as_host_slowed() -> None:
     """The reference read 1.5x its idle figure before and after the CPU's first point, and again when timed again:
     the CPU is withheld naming the slowdown; the GPU's point, timed with the host back at its figure, stands."""
-    guard = fake_guard(
-        None, FakeHost([0.0]), reference=_readings([1.5e-3] * 4 + [1e-3]), baseline=IDLE_REFERENCE
-    )
+    guard = fake_guard(None, FakeHost([0.0]), reference=_readings([1.5e-3] * 4 + [1e-3]), baseline=IDLE_REFERENCE)
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     verdict = guard.time_cpu_point(cpu, 1, lambda: None)
     assert verdict is not None
