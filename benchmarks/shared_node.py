@@ -308,21 +308,25 @@ def spinners(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
 
 
+def sweep_beside(args: argparse.Namespace, busy: list[subprocess.Popen[bytes]], *, settle_s: float) -> dict[str, Any]:
+    """A sweep while ``busy`` run (given ``settle_s`` to get going), which are killed after it."""
+    try:
+        time.sleep(settle_s)
+        return sweep(args)
+    finally:
+        for process in busy:
+            process.kill()
+        for process in busy:
+            process.wait()
+
+
 def crowded_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
     """Other processes on half the cores (the GPU should stand), then on twice the cores (withheld)."""
     cores = len(os.sched_getaffinity(0))
     idle_peer = results["idle"][-1]["peer"] if results["idle"] else None
     results["crowded"] = []
     for count in (cores // 2, 2 * cores):
-        busy = spinners(count)
-        try:
-            time.sleep(1)
-            service = sweep(args)
-        finally:
-            for process in busy:
-                process.kill()
-            for process in busy:
-                process.wait()
+        service = sweep_beside(args, spinners(count), settle_s=1)
         row: dict[str, Any] = {"spinners": count, "cores": cores, "service": service}
         if idle_peer is not None:
             row["ratios_to_idle_peer"] = ratios(service, idle_peer, args.gpu)
@@ -440,20 +444,11 @@ def cotenant_phase(args: argparse.Namespace, results: dict[str, Any], save: Call
         print(f"idle: {rows[-1]['service']['result']} withheld {rows[-1]['service'].get('withheld')}")
         if shape == "idle":
             break
-        busy: list[subprocess.Popen[bytes]] = []
-        try:
-            if shape.startswith("quota"):
-                with _Quota(float(shape.removeprefix("quota") or 8)):
-                    service = sweep(args)
-            else:
-                busy = co_tenant(shape)
-                time.sleep(2)  # the co-tenant at full speed before the sweep starts
+        if shape.startswith("quota"):
+            with _Quota(float(shape.removeprefix("quota") or 8)):
                 service = sweep(args)
-        finally:
-            for process in busy:
-                process.kill()
-            for process in busy:
-                process.wait()
+        else:
+            service = sweep_beside(args, co_tenant(shape), settle_s=2)  # the co-tenant at full speed first
         rows.append({"shape": shape, "service": service})
         save()
     results["cotenant_report"] = cotenant_report(
