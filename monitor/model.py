@@ -70,15 +70,19 @@ class HostReference:
     def of(kept: Sequence[HostReference]) -> HostReference | None:
         """The idle figure of recent sweeps: the median of their medians; as spread, the larger of their
         typical spread within a sweep and how far their medians move between sweeps (each sweep is its
-        own process, and on a VM a fresh process can run its host side 10-30% slower or faster)."""
+        own process, and on a VM a fresh process can run its host side 10-30% slower or faster).
+
+        The spread between sweeps is read from the lower half of their medians (twice median less first
+        quartile): a slowed host only ever reads slower, and slowed sweeps in the upper half would widen
+        the allowance until slowed points pass (seen on an H100, 2026-12-06: 10% grew to 26%)."""
         if not kept:
             return None
         medians = [r.median_s for r in kept]
         within = statistics.median(r.spread for r in kept)
         if len(medians) < 4:  # noqa: PLR2004 - quartiles of fewer say little
             return HostReference(median_s=statistics.median(medians), spread=within)
-        q1, median, q3 = statistics.quantiles(medians, n=4, method="inclusive")
-        return HostReference(median_s=median, spread=max(within, relative_iqr(median, q3 - q1)))
+        q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
+        return HostReference(median_s=median, spread=max(within, relative_iqr(median, 2 * (median - q1))))
 
 
 def canonical_device(name: str) -> str:

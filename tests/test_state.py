@@ -120,12 +120,18 @@ def test_the_store_keeps_each_sweeps_host_reference_and_its_baseline_moves_only_
         record(median_s, 0.02)
     baseline = store.read().host_baseline
     assert baseline == HostReference(median_s=1.0e-3, spread=0.02)  # too few sweeps for a spread between them
-    record(1.0e-3, 0.02)
-    record(5.0e-3, 0.5, SweepResult.WITHHELD)  # one slowed sweep neither moves the figure nor its spread much
+    for median_s in (0.8e-3, 1.2e-3):
+        record(median_s, 0.02)
     baseline = store.read().host_baseline
     assert baseline is not None
-    assert baseline.median_s == pytest.approx(1.0e-3)
-    assert baseline.spread == pytest.approx(0.1)  # medians 0.9-1.1 ms between sweeps: 10% IQR
+    assert baseline.spread == pytest.approx(0.2)  # medians 0.8-1.2 ms: twice (median - first quartile) is 20%
+    for _ in range(3):  # three slowed sweeps of eight move the figure a little, and the allowance little
+        record(5.0e-3, 0.5, SweepResult.WITHHELD)
+    baseline = store.read().host_baseline
+    assert baseline is not None
+    assert baseline.median_s == pytest.approx(1.15e-3)
+    # From the lower half: first quartile 0.975 ms, so 30%; the interquartile range would have read 3.5 (350%).
+    assert baseline.spread == pytest.approx(2 * (1.15 - 0.975) / 1.15)
     for _ in range(HOST_REFERENCES_KEPT):
         record(2.0e-3, 0.03)  # a lasting change of the host becomes the figure
     assert store.read().host_references[0] == HostReference(median_s=2.0e-3, spread=0.03)
