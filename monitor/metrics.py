@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from monitor import __version__
-from monitor.model import CrossoverState, DeviceState, ServiceState, Snapshot, SweepResult
+from monitor.model import CPU_AFFINITY, DRIVER_VERSION, CrossoverState, DeviceState, ServiceState, Snapshot, SweepResult
 
 POINT_LABELS = ("backend", "device", "dtype", "mode", "size")
 CROSSOVER_LABELS = ("backend", "gpu", "cpu", "dtype", "mode")
@@ -39,7 +39,15 @@ DEVICE_DETAIL_LABELS = {
     "UUID": "uuid",
     "pci_bus_id": "pci_bus_id",
 }
-ENVIRONMENT_LABELS = ("framework_version", "cuda_version", "cudnn_version", "tf32", "cpu_threads")
+ENVIRONMENT_LABELS = (
+    "framework_version",
+    "cuda_version",
+    "cudnn_version",
+    "tf32",
+    "cpu_threads",
+    CPU_AFFINITY,
+    DRIVER_VERSION,
+)
 BUILD_LABELS = ("version", "python_version", "backend", "framework_version")
 
 Kind = Literal["gauge", "counter", "info"]

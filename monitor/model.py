@@ -52,6 +52,10 @@ BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
 BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it (monitor/bench/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
+# The environment keys the worker adds to its backend's: the cores it may run on, as a cpuset list
+# ("0-15"), and the GPU driver's version where NVML says it.
+CPU_AFFINITY = "cpu_affinity"
+DRIVER_VERSION = "driver_version"
 # The environment keys of the sweep's host reference: the median reading of the host-only reference workload
 # over the sweep, in seconds, and the readings' relative IQR (the daemon's baseline comes from recent ones).
 HOST_REFERENCE = "host_reference_s"

@@ -42,12 +42,18 @@ class FakeSampler:
     def identity(self, device: DeviceInfo) -> dict[str, str]:
         return {"uuid": f"GPU-fake-{device.device}", "pci_bus_id": "00000000:18:00.0"}
 
+    def driver_version(self) -> str:
+        return "580.159.04"
+
 
 class FailingSampler:
     def sample(self, device: DeviceInfo) -> GpuSample:
         raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
 
     def identity(self, device: DeviceInfo) -> dict[str, str]:
+        raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
+
+    def driver_version(self) -> str:
         raise GuardUnavailable("NVML_ERROR_GPU_IS_LOST (injected)")
 
 

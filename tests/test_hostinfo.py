@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from monitor.bench.hostinfo import ProcStatMeter, cgroup_cpu_limit, cpu_model, default_cpu_threads, usable_cpus
+from monitor.bench.hostinfo import (
+    ProcStatMeter,
+    affinity_text,
+    cgroup_cpu_limit,
+    cpu_model,
+    default_cpu_threads,
+    usable_cpus,
+)
 from tests.fakes import SPIN_FOR_A_MINUTE
 
 
@@ -209,3 +216,11 @@ def test_proc_stat_meter_does_not_count_this_process() -> None:
     busy = others(spin)
     quiet.append(others(lambda: time.sleep(1.0)))
     assert busy - max(quiet) < 0.5, (quiet, busy)
+
+
+@pytest.mark.parametrize(
+    ("cores", "text"), [({0}, "0"), (set(range(16)), "0-15"), ({0, 1, 2, 3, 8}, "0-3,8"), ({5, 1, 2, 7, 8, 9}, "1-2,5,7-9")]
+)
+def test_affinity_is_written_as_a_cpuset_list(cores: set[int], text: str) -> None:
+    """The worker's cores as the kernel's cpuset files write them: ranges of neighbours, in order."""
+    assert affinity_text(cores) == text

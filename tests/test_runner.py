@@ -5,15 +5,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 import statistics
 import time
 
 from monitor.bench.contract import BackendOptions, RunBlock
+from monitor.bench.hostinfo import affinity_text
 from monitor.bench.runner import between, run_plan
 from monitor.costs import cost_models
 from monitor.crossover import SpeedupPoint, crossovers, last_crossing, speedup_point
 from monitor.errors import MeasurementFailed
 from monitor.model import (
+    CPU_AFFINITY,
+    DRIVER_VERSION,
     Crossover,
     CrossoverState,
     DeviceFailure,
@@ -22,7 +26,7 @@ from monitor.model import (
     Mode,
     Role,
 )
-from monitor.protocol import Message, Plan
+from monitor.protocol import Environment, Message, Plan
 from monitor.settings import RefineSettings
 from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
@@ -311,3 +315,14 @@ def test_a_retry_does_not_give_up_on_a_gpu_that_vanished_for_a_moment() -> None:
     (failure,) = [m for m in messages if isinstance(m, DeviceFailure)]
     assert failure.device == "/GPU:7"
     assert not failure.fatal
+
+
+def test_the_environment_names_the_cores_the_worker_may_use_and_the_gpu_driver() -> None:
+    """What a drift alert names when it changes: the worker's cpuset as a list, and NVML's driver version; with
+    no NVML there is no driver entry, not an empty or made-up one."""
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: IDLE)))
+    environment = {k: v for m in messages if isinstance(m, Environment) for k, v in m.values.items()}
+    assert environment[CPU_AFFINITY] == affinity_text(os.sched_getaffinity(0))
+    assert environment[DRIVER_VERSION] == "580.159.04"
+    _, without_nvml = run_guarded(fake_guard(None))
+    assert not any(DRIVER_VERSION in m.values for m in without_nvml if isinstance(m, Environment))

@@ -86,6 +86,10 @@ class GpuSampler(Protocol):
         """The driver's names for the GPU behind ``device`` (``uuid``, ``pci_bus_id``); raises GuardUnavailable."""
         ...
 
+    def driver_version(self) -> str:
+        """The GPU driver's version ("580.159.04"); raises GuardUnavailable."""
+        ...
+
 
 @dataclass(frozen=True)
 class HostLoad:
@@ -231,6 +235,15 @@ class Guard:
             return self._gpu_sampler.identity(device)
         except GuardUnavailable:
             return {}
+
+    def driver_version(self) -> str:
+        """The GPU driver's version, for the sweep's environment; empty where NVML is not there."""
+        if self._gpu_sampler is None:
+            return ""
+        try:
+            return self._gpu_sampler.driver_version()
+        except GuardUnavailable:
+            return ""
 
     def before_gpu_point(self, device: DeviceInfo) -> Withheld | None:
         """None if the GPU may be timed now; otherwise why it may not."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,19 @@ def usable_cpus(root: Path = CGROUP_ROOT) -> int:
     if limit is not None:
         cores = min(cores, max(1, math.floor(limit)))
     return max(1, cores)
+
+
+def affinity_text(cores: Iterable[int] | None = None) -> str:
+    """The cores this process may run on, written as a cpuset list is ("0-3,8"): a CPU manager's or a
+    container's change of them changes the answer, so it is reported beside the thread count."""
+    ordered = sorted(os.sched_getaffinity(0) if cores is None else cores)
+    runs: list[list[int]] = []
+    for core in ordered:
+        if runs and core == runs[-1][-1] + 1:
+            runs[-1].append(core)
+        else:
+            runs.append([core])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 # From this many usable cores on, "auto" leaves one of them to the rest of the node.

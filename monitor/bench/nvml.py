@@ -143,6 +143,13 @@ class NvmlSampler:
     def identity(self, device: DeviceInfo) -> dict[str, str]:
         return _as_guard_error(self._identity, device)
 
+    def driver_version(self) -> str:
+        try:
+            value = pynvml.nvmlSystemGetDriverVersion()
+        except pynvml.NVMLError as exc:
+            raise GuardUnavailable(f"NVML cannot read the driver's version: {exc}") from None
+        return value.decode() if isinstance(value, bytes) else str(value)
+
     def _identity(self, device: DeviceInfo) -> dict[str, str]:
         handle = self._handle(device)
         found: dict[str, str] = {}

@@ -17,7 +17,10 @@ from monitor.bench.guard import Guard
 from monitor.bench.timing import Clock, measure, with_visit
 from monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
 from monitor.errors import BackendError, MeasurementFailed
+from monitor.bench.hostinfo import affinity_text
 from monitor.model import (
+    CPU_AFFINITY,
+    DRIVER_VERSION,
     GPU_PROBLEM,
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
@@ -272,12 +275,16 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     Sizes are the outer loop over devices so that the CPU and GPU timings of one size are taken
     close together in time, and drift on the host affects both alike.
     """
-    # Plain strings on the wire, whatever a plug-in hands over (an int thread count, say).
-    environment = {str(k): str(v) for k, v in backend.environment().items()}
+    guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
+    # Plain strings on the wire, whatever a plug-in hands over (an int thread count, say). The cores it may
+    # run on and the GPU driver change the answer as the framework does: a drift alert names their change.
+    environment = {CPU_AFFINITY: affinity_text()} | {str(k): str(v) for k, v in backend.environment().items()}
+    driver = guard.driver_version()
+    if driver:
+        environment[DRIVER_VERSION] = driver
     emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
-    guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
     for device in devices:
         # The driver's UUID and PCI bus id win over what the framework said: they are what other exporters use.
         details = {str(k): str(v) for k, v in device.details} | guard.identity(device)
