@@ -59,6 +59,7 @@ class ServedCrossover(NamedTuple):
     ci_lower: float | None
     ci_upper: float | None
     derived_at: float | None
+    ambiguous: bool = False  # the sweep's curves crossed more than once: no n*, matmul_crossover_state says so
 
 
 Served = dict[CrossoverKey, ServedCrossover]  # every crossover the service serves, found or not
@@ -156,7 +157,7 @@ def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False)
             else {
                 c.key: ServedCrossover(c.size, c.ci_lower, c.ci_upper, c.derived_at)
                 if c.state is CrossoverState.FOUND
-                else ServedCrossover(None, None, None, c.derived_at)
+                else ServedCrossover(None, None, None, c.derived_at, c.state is CrossoverState.AMBIGUOUS)
                 for c in latest.crossovers
             }
         )
@@ -177,13 +178,31 @@ def coverage(served: Sequence[Served], mode: str) -> tuple[int, int]:
     """
     inside = pairs = 0
     for before, after in itertools.pairwise(served):
-        for key, (_, low, high, derived_at) in before.items():
+        for key, (_, low, high, derived_at, _) in before.items():
             nxt = after.get(key, ServedCrossover(None, None, None, None))
             fresh = nxt.size is not None and nxt.derived_at != derived_at
             if key[4] == mode and fresh and low is not None and high is not None:
                 pairs += 1
                 inside += low <= (nxt.size or 0) <= high
     return inside, pairs
+
+
+YOUNG_SWEEPS = 6  # a service's first sweeps: its intervals rest on few earlier moves
+
+
+def young_coverage(idle: Sequence[SweepOutcome], starts: int, seed: int) -> dict[str, tuple[int, int]]:
+    """Per mode, (next n* inside the interval served before it, pairs) over the first YOUNG_SWEEPS sweeps of
+    ``starts`` services started afresh, each drawing its sweeps from ``idle``: what a new node's first hours serve."""
+    rng = random.Random(seed)
+    totals: dict[str, list[int]] = {}
+    for _ in range(starts):
+        served = served_sequence([rng.choice(idle) for _ in range(YOUNG_SWEEPS)])
+        for mode in sorted({k[4] for sweep in served for k in sweep}):
+            inside, pairs = coverage(served, mode)
+            total = totals.setdefault(mode, [0, 0])
+            total[0] += inside
+            total[1] += pairs
+    return {mode: (inside, pairs) for mode, (inside, pairs) in totals.items()}
 
 
 def _values(samples: Sequence[float | None]) -> str:
@@ -214,8 +233,13 @@ def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path =
             absent = ServedCrossover(None, None, None, None)
             columns = list(zip(*[s.get((backend, gpu, cpu, dtype, mode), absent) for s in served], strict=True))
             names = ("size", "ci_lower_size", "ci_upper_size", "timestamp_seconds")
-            for name, column in zip(names, columns, strict=True):
+            for name, column in zip(names, columns[:4], strict=True):
                 series.append({"series": f"matmul_crossover_{name}{{{labels}}}", "values": _values(column)})
+            # The state's series for `ambiguous`: 1 in an ambiguous sweep, 0 in any other served one.
+            ambiguous = [None if t is None else float(a) for t, a in zip(columns[3], columns[4], strict=True)]
+            series.append(
+                {"series": f'matmul_crossover_state{{{labels},state="ambiguous"}}', "values": _values(ambiguous)}
+            )
     sweeps = max(len(s) for s in runs.values())
     end = sweeps * SWEEP_S
     onset = f'(ALERTS{{alertname="{ALERT}",alertstate="firing"}} unless ALERTS{{alertname="{ALERT}",alertstate="firing"}} offset 5m)'
@@ -368,6 +392,8 @@ def main() -> None:
     parser.add_argument(
         "--as-recorded", action="store_true", help="serve the crossovers the sweeps published, not today's code's"
     )
+    parser.add_argument("--young-starts", type=int, default=200, help="fresh services whose first sweeps are drawn")
+    parser.add_argument("--young-only", action="store_true", help="only the fresh services' coverage, no promtool")
     args = parser.parse_args()
     if args.move_share is not None:
         crossover_module._MOVE_SHARE = args.move_share  # noqa: SLF001 - an experiment on the constant, not a setting
@@ -381,7 +407,12 @@ def main() -> None:
         "rules": args.rules.resolve(),
         "as_recorded": args.as_recorded,
     }
-    report: dict[str, Any] = {"idle": replay(idle, [], plant_day=None, seed=args.seed, **common)}
+    young = young_coverage(idle, args.young_starts, args.seed)
+    for mode, (inside, pairs) in young.items():
+        print(f"young services ({args.young_starts}, first {YOUNG_SWEEPS} sweeps): {mode} next n* inside {inside}/{pairs}")
+    if args.young_only:
+        return
+    report: dict[str, Any] = {"young": young, "idle": replay(idle, [], plant_day=None, seed=args.seed, **common)}
     if planted:
         report["planted"] = replay(idle, planted, plant_day=args.plant_day, seed=args.seed + 1000, **common)
     for factor in args.shift:
@@ -399,7 +430,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(text + "\n", encoding="utf-8")
     for phase, body in report.items():
-        if phase == "inputs":
+        if phase in ("inputs", "young"):
             continue
         print(f"{phase}: {body['runs']} runs of {body['days']:g} days")
         for mode, (inside, pairs) in body["coverage"].items():

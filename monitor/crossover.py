@@ -47,6 +47,12 @@ _CLEAR_WIN_SHARE = 0.95
 RECENT_SWEEPS = 25
 _MIN_MOVES = 4
 _MOVE_SHARE = 0.95
+# Until then, a service with little history says so with a wider interval: x1.3 either side, above the move
+# between consecutive idle sweeps that 95% of them stayed within in the widest recorded case (H200, PyTorch
+# compute x1.26, end_to_end x1.25; TensorFlow x1.14-1.15). Drawn as 200 fresh services' first 6 sweeps
+# from the recorded idle sweeps (benchmarks/replay.py --young-only), the next n* landed inside in 96-100%
+# of pairs per backend and mode, against 53-93% without it (issue 33 saw 9 of 14 on real starts).
+_YOUNG_MOVE = math.log(1.3)
 # The interval is for where the next sweep's n* lands, not where the true n* is: the next sweep's
 # estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
 _NEXT_SWEEP_WIDENING = math.sqrt(2)
@@ -340,12 +346,14 @@ def with_recent_moves(
 
 
 def _widened(c: Crossover, earlier: Sequence[float]) -> Crossover:
-    """``c`` with an interval at least as wide as the moves between the ``earlier`` n* mostly were."""
+    """``c`` with an interval at least as wide as the moves between the ``earlier`` n* mostly were (with too few
+    of them to say, as the widest recorded moves between idle sweeps)."""
     assert c.size is not None  # noqa: S101 - callers check
     moves = sorted(abs(math.log(b / a)) for a, b in itertools.pairwise(earlier))
     if len(moves) < _MIN_MOVES:
-        return c
-    move = moves[min(math.ceil(_MOVE_SHARE * len(moves)), len(moves) - 1) - 1]
+        move = _YOUNG_MOVE
+    else:
+        move = moves[min(math.ceil(_MOVE_SHARE * len(moves)), len(moves) - 1) - 1]
     low, high = c.size * math.exp(-move), c.size * math.exp(move)
     lower = low if c.ci_lower is None else min(c.ci_lower, low)
     upper = high if c.ci_upper is None else max(c.ci_upper, high)

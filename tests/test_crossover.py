@@ -253,15 +253,20 @@ def test_the_interval_is_widened_to_the_moves_between_recent_sweeps() -> None:
     assert recent[0].sizes == (100, 110, 100, 110, 100, 110)
 
 
-def test_too_few_earlier_sweeps_leave_the_interval_as_the_visits_gave_it() -> None:
-    """Three earlier moves are not enough to say how n* moves: the sweep's own interval stands, or none."""
-    served, _ = _serve([100, 130, 100, 130, 100], interval=(98, 102))
-    assert (served.ci_lower, served.ci_upper) == (98, 102)
-    served, _ = _serve([100, 130, 100, 130, 100])
-    assert (served.ci_lower, served.ci_upper) == (None, None)
-    served, _ = _serve([100, 130, 100, 130, 100, 130])  # four earlier moves: an interval from them alone
-    assert served.ci_lower is not None
-    assert served.ci_upper is not None
+def test_a_young_service_serves_the_widest_recorded_move_until_its_own_sweeps_say_more() -> None:
+    """With fewer than four earlier moves, how n* moves between sweeps is not known yet: the interval spans
+    x1.3 either side (beyond the widest recorded idle moves), or the sweep's own where that is wider; from four on,
+    the sweeps' own moves decide, narrower or wider."""
+    first, _ = _serve([100])
+    assert (first.ci_lower, first.ci_upper) == (pytest.approx(100 / 1.3), pytest.approx(130))
+    served, _ = _serve([100, 101, 100, 101, 100], interval=(98, 102))
+    assert (served.ci_lower, served.ci_upper) == (pytest.approx(100 / 1.3), pytest.approx(130))
+    served, _ = _serve([100, 130, 100, 130, 100], interval=(60, 140))
+    assert (served.ci_lower, served.ci_upper) == (60, 140)
+    served, _ = _serve([100, 101, 100, 101, 100, 101])  # four earlier moves: an interval from them alone
+    assert (served.ci_lower, served.ci_upper) == (pytest.approx(100), pytest.approx(102.01))
+    served, _ = _serve([100, 130, 100, 130, 100, 130])
+    assert (served.ci_lower, served.ci_upper) == (pytest.approx(100), pytest.approx(169))
 
 
 def test_one_real_change_does_not_widen_the_interval_that_shows_it() -> None:
@@ -273,7 +278,7 @@ def test_one_real_change_does_not_widen_the_interval_that_shows_it() -> None:
     assert after.ci_lower == pytest.approx(204 / 1.02)  # the jump is the largest move: never counted
     assert after.ci_upper == pytest.approx(204 * 1.02)
     assert len(recent[0].sizes) == RECENT_SWEEPS
-    early, _ = _serve([100.0, 102.0, 100.0, 102.0, 100.0, 200.0, 204.0])  # a young history: still left out
+    early, _ = _serve([100.0, 102.0, 100.0, 102.0, 100.0, 102.0, 200.0, 204.0])  # a young history: still left out
     assert early.ci_lower == pytest.approx(204 / 1.02)
 
 
