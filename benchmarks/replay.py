@@ -409,7 +409,9 @@ def main() -> None:
     }
     young = young_coverage(idle, args.young_starts, args.seed)
     for mode, (inside, pairs) in young.items():
-        print(f"young services ({args.young_starts}, first {YOUNG_SWEEPS} sweeps): {mode} next n* inside {inside}/{pairs}")
+        print(
+            f"young services ({args.young_starts}, first {YOUNG_SWEEPS} sweeps): {mode} next n* inside {inside}/{pairs}"
+        )
     if args.young_only:
         return
     report: dict[str, Any] = {"young": young, "idle": replay(idle, [], plant_day=None, seed=args.seed, **common)}

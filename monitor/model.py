@@ -418,6 +418,8 @@ class HardwareContext:
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
     # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores
     cpu_steal_cores: float | None = None
+    # CPU only: the most the worker's threads waited for a CPU over one of its points, summed, in cores
+    cpu_threads_wait_cores: float | None = None
     # The most the host reference ran slower than its idle reference over the device's points that stood
     # (1.0: as fast; what guard.host_max_slowdown is held against, weighed by each point's host share).
     host_slowdown_max: float | None = None

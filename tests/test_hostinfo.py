@@ -219,7 +219,8 @@ def test_proc_stat_meter_does_not_count_this_process() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cores", "text"), [({0}, "0"), (set(range(16)), "0-15"), ({0, 1, 2, 3, 8}, "0-3,8"), ({5, 1, 2, 7, 8, 9}, "1-2,5,7-9")]
+    ("cores", "text"),
+    [({0}, "0"), (set(range(16)), "0-15"), ({0, 1, 2, 3, 8}, "0-3,8"), ({5, 1, 2, 7, 8, 9}, "1-2,5,7-9")],
 )
 def test_affinity_is_written_as_a_cpuset_list(cores: set[int], text: str) -> None:
     """The worker's cores as the kernel's cpuset files write them: ranges of neighbours, in order."""

@@ -106,6 +106,10 @@ class HostLoad:
     # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
     # worker's own threads, had them all); None where the kernel does not say.
     own_wait: float | None = None
+    # The run-queue wait of all of the worker's threads over the window, summed, in cores (seconds of wait
+    # per second): a framework's CPU threads that share cores with others' work (a neighbour's BLAS thread
+    # the scheduler puts beside one of them) wait there, and every parallel call waits for the slowest.
+    threads_wait: float | None = None
     # How much slower than its idle reference the host ran over the window (the host reference read before
     # and after it against the fastest reading known, 1.0: as fast); None where the guard takes no readings.
     host_slowdown: float | None = None
@@ -167,6 +171,7 @@ class _CpuRecord:
     throttled_s: float = 0.0
     steal_cores_max: float = 0.0
     host_slowdown_max: float | None = None
+    threads_wait_max: float | None = None
 
     def add_try(self, load: HostLoad) -> None:
         self.throttled_s += load.throttled_s  # every try's: a disturbed first try was throttled too
@@ -174,6 +179,7 @@ class _CpuRecord:
     def settle(self, load: HostLoad) -> None:
         self.other_cores_max = max(self.other_cores_max, load.other_cores)
         self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
+        self.threads_wait_max = _highest((self.threads_wait_max, load.threads_wait))
         self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
 
 
@@ -504,6 +510,7 @@ class Guard:
                         other_cpu_cores=cpu.other_cores_max,
                         cpu_throttled_s=cpu.throttled_s,
                         cpu_steal_cores=cpu.steal_cores_max,
+                        cpu_threads_wait_cores=cpu.threads_wait_max,
                         host_slowdown_max=cpu.host_slowdown_max,
                     )
                 )

@@ -95,6 +95,7 @@ class _Reading:
     wall_s: float
     throttled_s: float
     own_wait_s: float | None  # time the calling thread was runnable but not running (None: unknown)
+    threads_wait_s: dict[str, float] | None = None  # the same of each of the process's threads, by thread id
 
 
 class ProcStatMeter:
@@ -117,6 +118,7 @@ class ProcStatMeter:
         proc_stat: Path = Path("/proc/stat"),
         root: Path = CGROUP_ROOT,
         schedstat: Path = Path("/proc/thread-self/schedstat"),
+        tasks: Path = Path("/proc/self/task"),
         clock: Callable[[], float] = time.monotonic,
         own_cpu_time: Callable[[], float] = time.process_time,
     ) -> None:
@@ -124,6 +126,7 @@ class ProcStatMeter:
         self._clock = clock
         self._own_cpu_time = own_cpu_time
         self._schedstat = schedstat
+        self._tasks = tasks
         self._cores = sorted(os.sched_getaffinity(0))
         self._tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
         self._cpu_stat = _cgroup_file(root, "cpu.stat")
@@ -145,7 +148,7 @@ class ProcStatMeter:
         wall = self._clock()  # next to the read: the cores' wall time is set against their idle time
         tick, throttled = self._tick_s, self._throttled_s()
         own, waited = self._own_cpu_time(), self._own_wait_s()
-        return _Reading(seen, idle_ticks * tick, steal_ticks * tick, own, wall, throttled, waited)
+        return _Reading(seen, idle_ticks * tick, steal_ticks * tick, own, wall, throttled, waited, self._threads_wait())
 
     def _own_wait_s(self) -> float | None:
         """The calling thread's run-queue wait so far (schedstat's second field, in ns).
@@ -158,6 +161,20 @@ class ProcStatMeter:
             return int(self._schedstat.read_text().split()[1]) / 1e9
         except (OSError, ValueError, IndexError):
             return None  # a kernel without schedstat
+
+    def _threads_wait(self) -> dict[str, float] | None:
+        """Each of the worker's threads' run-queue wait so far, by thread id (a thread that ends drops out,
+        one that starts comes in at its total: only threads seen at both ends of a window count)."""
+        waits: dict[str, float] = {}
+        try:
+            for task in self._tasks.iterdir():
+                try:
+                    waits[task.name] = int((task / "schedstat").read_text().split()[1]) / 1e9
+                except (OSError, ValueError, IndexError):
+                    continue  # it ended while we looked
+        except OSError:
+            return None
+        return waits or None
 
     def _throttled_s(self) -> float:
         if self._cpu_stat is None:
@@ -193,6 +210,16 @@ class ProcStatMeter:
             own_wait=(
                 max(0.0, now.own_wait_s - started.own_wait_s) / wall
                 if now.own_wait_s is not None and started.own_wait_s is not None
+                else None
+            ),
+            threads_wait=(
+                sum(
+                    max(0.0, w - started.threads_wait_s[t])
+                    for t, w in now.threads_wait_s.items()
+                    if t in started.threads_wait_s
+                )
+                / wall
+                if now.threads_wait_s is not None and started.threads_wait_s is not None
                 else None
             ),
         )

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 from monitor.bench.contract import Backend
 from monitor.bench.guard import Guard
+from monitor.bench.hostinfo import affinity_text
 from monitor.bench.timing import Clock, measure, with_visit
 from monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
 from monitor.errors import BackendError, MeasurementFailed
-from monitor.bench.hostinfo import affinity_text
 from monitor.model import (
     CPU_AFFINITY,
     DRIVER_VERSION,
@@ -276,12 +276,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     close together in time, and drift on the host affects both alike.
     """
     guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
-    # Plain strings on the wire, whatever a plug-in hands over (an int thread count, say). The cores it may
-    # run on and the GPU driver change the answer as the framework does: a drift alert names their change.
-    environment = {CPU_AFFINITY: affinity_text()} | {str(k): str(v) for k, v in backend.environment().items()}
-    driver = guard.driver_version()
-    if driver:
-        environment[DRIVER_VERSION] = driver
+    environment = _environment(backend, guard)
     emit(Environment(environment))
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
@@ -312,6 +307,17 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
         emit(
             Environment({HOST_REFERENCE: f"{reference.median_s:.6g}", HOST_REFERENCE_SPREAD: f"{reference.spread:.4g}"})
         )
+
+
+def _environment(backend: Backend, guard: Guard) -> dict[str, str]:
+    """What the sweep ran with. Plain strings on the wire, whatever a plug-in hands over (an int thread count,
+    say); the cores the worker may run on and the GPU driver change the answer as the framework does, and a
+    drift alert names their change."""
+    environment = {CPU_AFFINITY: affinity_text()} | {str(k): str(v) for k, v in backend.environment().items()}
+    driver = guard.driver_version()
+    if driver:
+        environment[DRIVER_VERSION] = driver
+    return environment
 
 
 def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, problem: str | None, emit: Emit) -> None:
