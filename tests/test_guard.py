@@ -458,7 +458,6 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
         idle = medians(once())
         if idle:
             break
-    assert set(idle) == {128, 256}, "the idle baseline was withheld three times: this machine is not idle enough"
     spinner = subprocess.Popen([sys.executable, "-c", SPIN_FOR_A_MINUTE, str(min(os.sched_getaffinity(0)))])
     try:
         busy = once()
@@ -466,6 +465,8 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
         spinner.kill()
         spinner.wait()
     withheld = [w for w in busy["withheld"] if w["device"] == "cpu"]
+    if not idle:  # a machine too busy for an idle baseline (a loaded CI runner): with more load, still withheld
+        assert withheld, "the guard withheld three sweeps without the spinner, and published one beside it"
     if withheld:
         assert withheld[0]["reason"] in {"cpu_contended", "host_slowed"}
         assert not medians(busy)

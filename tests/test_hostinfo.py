@@ -81,11 +81,21 @@ def test_auto_threads_leave_a_core_to_the_node_from_four_cores(
 
 
 def test_proc_stat_meter_measures_how_long_this_process_waited_for_a_cpu() -> None:
-    """The real meter: this process sharing one core with a spinner waits about half the time; alone, hardly."""
+    """The real meter: this process sharing one core with a spinner waits about half the time; alone (on the
+    idlest of its cores), hardly."""
     script = r"""
 import os, subprocess, sys, time
 from monitor.bench.hostinfo import ProcStatMeter
-core = min(os.sched_getaffinity(0))
+
+def idle_ticks():
+    lines = open("/proc/stat").read().splitlines()
+    return {int(l.split()[0][3:]): int(l.split()[4]) for l in lines if l.startswith("cpu") and l[3].isdigit()}
+
+# The idlest of our cores over a moment: a developer's or CI's machine is rarely idle, and "alone"
+# must mean alone on this core.
+before = idle_ticks(); time.sleep(0.5); after = idle_ticks()
+core = max(os.sched_getaffinity(0), key=lambda c: after.get(c, 0) - before.get(c, 0))
+idle_share = (after.get(core, 0) - before.get(core, 0)) / os.sysconf("SC_CLK_TCK") / 0.5
 os.sched_setaffinity(0, {core})
 meter = ProcStatMeter()
 
@@ -102,14 +112,17 @@ try:
     shared = spin_window()
 finally:
     spinner.kill()
-print(alone, shared)
+print(alone, shared, idle_share)
 """
     done = subprocess.run(
         [sys.executable, "-c", script, SPIN_FOR_A_MINUTE], capture_output=True, text=True, timeout=60, check=True
     )
-    alone, shared = (float(x) for x in done.stdout.split())
-    assert alone < 0.1, done.stdout
-    assert 0.3 < shared < 0.7, done.stdout  # CFS shares the core about evenly
+    alone, shared, idle_share = (float(x) for x in done.stdout.split())
+    if idle_share > 0.9:  # a core of its own: CFS shares it with the spinner about evenly
+        assert alone < 0.1, done.stdout
+        assert 0.3 < shared < 0.7, done.stdout
+    else:  # every core already busy (a loaded CI runner): one more process on it is still waited for
+        assert shared > alone + 0.1, done.stdout
 
 
 def test_proc_stat_meter_without_schedstat_says_the_wait_is_unknown(tmp_path: Path) -> None:
