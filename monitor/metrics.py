@@ -8,6 +8,7 @@ The collector reads one immutable ServiceState per scrape, so a scrape never see
 from __future__ import annotations
 
 import enum
+import logging
 import platform
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from prometheus_client.registry import Collector
 
 from monitor import __version__
 from monitor.model import CPU_AFFINITY, DRIVER_VERSION, CrossoverState, DeviceState, ServiceState, Snapshot, SweepResult
+
+log = logging.getLogger(__name__)
 
 POINT_LABELS = ("backend", "device", "dtype", "mode", "size")
 CROSSOVER_LABELS = ("backend", "gpu", "cpu", "dtype", "mode")
@@ -233,6 +236,12 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
 )
 
 # Every name a scrape can contain (counters with their _total suffix): the dashboard and rules tests use it.
+SECTION_SUCCESS = _metric(
+    "matmul_scrape_section_success",
+    "1 if this section of /metrics rendered, 0 if it failed (the log says why; the other sections are served)",
+    ("section",),
+)
+
 EXPOSED_NAMES = frozenset(spec.exposed_name for spec in METRICS.values())
 
 
@@ -285,11 +294,29 @@ class StateCollector(Collector):
         return []  # collected lazily: the registry must not call collect() at registration
 
     def collect(self) -> Iterator[Metric]:
+        """Every section of the state's series; a section that fails (a bug) is left out and said so, not the rest
+        (as node_exporter serves the collectors that worked beside node_scrape_collector_success)."""
         state = self._read_state()
-        yield from self._sweep_metrics(state)
-        yield from self._device_metrics(state)
-        yield from self._point_metrics(state)
-        yield from self._crossover_metrics(state)
+        sections: tuple[tuple[str, Callable[[ServiceState], Iterator[Metric]]], ...] = (
+            ("sweeps", self._sweep_metrics),
+            ("devices", self._device_metrics),
+            ("points", self._point_metrics),
+            ("crossovers", self._crossover_metrics),
+            ("build", self._build_metrics),
+        )
+        success = _gauge(SECTION_SUCCESS)
+        for name, section in sections:
+            try:
+                families = list(section(state))  # whole or not at all: no half a section
+            except Exception:  # a bug in one section must not take the others' series away
+                log.exception("rendering /metrics failed in one section", extra={"section": name})
+                success.add_metric([name], 0)
+                continue
+            success.add_metric([name], 1)
+            yield from families
+        yield success
+
+    def _build_metrics(self, _state: ServiceState) -> Iterator[Metric]:
         build = _info(BUILD_INFO)
         build.add_metric(_label_values(BUILD_INFO, **self._build_labels), {})
         yield build

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
-from monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
+import pytest
+
+from monitor.metrics import EXPOSED_NAMES, StateCollector, build_registry, exposition_type, render
 from monitor.model import (
     CostModel,
     DeviceInfo,
@@ -233,3 +236,35 @@ def test_device_info_carries_the_gpus_uuid_and_pci_bus_id_as_dcgm_exporter_label
     assert registry.get_sample_value("matmul_device_info", {**gpu_labels, "pci_bus_id": "00000000:18:00.0"}) == 1
     cpu_labels = {**labels, "device": "/CPU:0", "kind": "cpu", "name": "cpu", "compute_capability": "", "threads": "4"}
     assert registry.get_sample_value("matmul_device_info", {**cpu_labels, "UUID": "", "pci_bus_id": ""}) == 1
+
+
+def test_a_section_that_fails_to_render_is_left_out_and_said_so_while_the_rest_is_served(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in one section (here the points') costs its series only: the sweeps, crossovers and build info are
+    served, matmul_scrape_section_success says which section failed, and the log says why."""
+    store = StateStore()
+    store.record(
+        SweepOutcome(result=SweepResult.SUCCESS, started_at=90.0, finished_at=100.0, snapshot=_snapshot(100.0))
+    )
+
+    def broken(self: StateCollector, state: object) -> Iterator[object]:
+        yield from ()
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(StateCollector, "_point_metrics", broken)
+    registry = _registry(store)
+    assert registry.get_sample_value("matmul_duration_seconds", POINT) is None
+    assert registry.get_sample_value("matmul_crossover_size", PAIR) == 300.0
+    assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 1
+    assert registry.get_sample_value("matmul_scrape_section_success", {"section": "points"}) == 0
+    for section in ("sweeps", "devices", "crossovers", "build"):
+        assert registry.get_sample_value("matmul_scrape_section_success", {"section": section}) == 1
+    assert "injected" in caplog.text
+
+
+def test_every_section_reports_success_when_nothing_failed() -> None:
+    """An ordinary scrape: each section says 1, before the first sweep too."""
+    registry = _registry(StateStore())
+    for section in ("sweeps", "devices", "points", "crossovers", "build"):
+        assert registry.get_sample_value("matmul_scrape_section_success", {"section": section}) == 1
