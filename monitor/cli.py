@@ -31,7 +31,7 @@ from monitor.model import SweepResult
 from monitor.nodecheck import Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
-from monitor.settings import Settings
+from monitor.settings import DEFAULT_PORT, Settings
 
 log = logging.getLogger("monitor")
 
@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     node = command("node-check", "answer as a node-problem-detector plugin from the running service (exit 0/1/2)")
     node.add_argument(
         "--url",
-        default="http://127.0.0.1:9437/metrics",
+        default=f"http://127.0.0.1:{DEFAULT_PORT}/metrics",
         help="the running service's /metrics; empty: ask only Prometheus (default: %(default)s)",
     )
     node.add_argument(
@@ -137,9 +137,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     node.add_argument(
         "--instance",
-        default=os.environ.get("NODE_NAME") or f"{socket.gethostname()}:9437",
+        default=os.environ.get("NODE_NAME") or f"{socket.gethostname()}:{DEFAULT_PORT}",
         help="this node's instance label in Prometheus (default: $NODE_NAME, the node's name under Kubernetes; "
-        "else HOSTNAME:9437, as a static scrape target names it)",
+        f"else HOSTNAME:{DEFAULT_PORT}, as a static scrape target names it)",
     )
     node.add_argument("--timeout", default="10s", metavar="DURATION", help="per request (default: %(default)s)")
     node.add_argument(
@@ -151,7 +151,9 @@ def _parser() -> argparse.ArgumentParser:
     plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
-    source.add_argument("--from-url", metavar="URL", help="a running service's metrics, e.g. http://HOST:9437/metrics")
+    source.add_argument(
+        "--from-url", metavar="URL", help=f"a running service's metrics, e.g. http://HOST:{DEFAULT_PORT}/metrics"
+    )
     plot.add_argument("output", metavar="OUTPUT", type=Path, help="the chart to write, .png or .svg")
     return parser
 
