@@ -302,13 +302,11 @@ def test_cpu_point_whose_threads_waited_for_a_cpu_is_withheld_by_the_share_that_
     assert passed.time_cpu_point(device, 15, lambda: None) is None
     unknown = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[None]))
     assert unknown.time_cpu_point(device, 15, lambda: None) is None
-    every_core = fake_guard(None, FakeHost([0.2], cores=2, threads_waits=[0.3]))  # a thread on each core: not judged
-    assert every_core.time_cpu_point(device, 2, lambda: None) is None
 
 
 def test_the_runner_weighs_a_cpu_points_thread_wait_by_all_but_its_fixed_cost() -> None:
     """The real runner: the n = 1 points (the fixed cost) never count the threads' wait; the sizes above it do."""
-    host = FakeHost([0.0], threads_waits=[0.3])  # 4 cores, the runner's 1 thread
+    host = FakeHost([0.0], threads_waits=[0.3])
     _, messages = run_guarded(fake_guard(None, host, require_nvml=False))
     cpu = [w for w in withheld_in(messages) if w.device == "/CPU:0"]
     assert [w.reason for w in cpu] == [WithheldReason.CPU_CONTENDED]

@@ -374,12 +374,9 @@ class Guard:
                 found.append(f"{used}, where its {threads} threads leave room for {allowed:.2f}")
             if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
                 found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
-            # Only where the threads leave cores free: with a thread on every core they also wait for each
-            # other and for the worker's own threads, and others' load past the room says what a neighbour did.
-            waited = load.threads_wait if cores > threads else None
-            if waited is not None and waited * work_share() > _THREADS_WAIT_TOLERATED:
+            if load.threads_wait is not None and load.threads_wait * work_share() > _THREADS_WAIT_TOLERATED:
                 found.append(
-                    f"its threads waited for a CPU {waited:.2f} cores' worth while it ran (others used "
+                    f"its threads waited for a CPU {load.threads_wait:.2f} cores' worth while it ran (others used "
                     f"{load.other_cores:.2f} cores beside them)"
                 )
             return found
