@@ -282,37 +282,6 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     assert guard.time_cpu_point(device, 2, lambda: None) is None
 
 
-def test_cpu_point_whose_threads_waited_for_a_cpu_is_withheld_by_the_share_that_is_their_work() -> None:
-    """Within the room the threads leave, a neighbour the scheduler put beside one of them shows as their wait:
-    weighed by the point's share of parallel work, over 0.1 cores it is timed again, then withheld; a fixed-cost
-    point (share 0) or a wait that passed stands, and a kernel that does not say is no reason."""
-    device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    waited = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[0.3]))
-    runs: list[int] = []
-    verdict = waited.time_cpu_point(device, 15, lambda: runs.append(1))
-    assert verdict is not None
-    assert verdict.reason is WithheldReason.CPU_CONTENDED
-    assert "its threads waited for a CPU 0.30 cores' worth" in verdict.detail
-    assert len(runs) == 2
-    fixed_cost = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[0.3]))
-    assert fixed_cost.time_cpu_point(device, 15, lambda: None, work_share=lambda: 0.0) is None
-    half = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[0.15]))
-    assert half.time_cpu_point(device, 15, lambda: None, work_share=lambda: 0.5) is None
-    passed = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[0.3, 0.02]))
-    assert passed.time_cpu_point(device, 15, lambda: None) is None
-    unknown = fake_guard(None, FakeHost([1.0], cores=16, threads_waits=[None]))
-    assert unknown.time_cpu_point(device, 15, lambda: None) is None
-
-
-def test_the_runner_weighs_a_cpu_points_thread_wait_by_all_but_its_fixed_cost() -> None:
-    """The real runner: the n = 1 points (the fixed cost) never count the threads' wait; the sizes above it do."""
-    host = FakeHost([0.0], threads_waits=[0.3])
-    _, messages = run_guarded(fake_guard(None, host, require_nvml=False))
-    cpu = [w for w in withheld_in(messages) if w.device == "/CPU:0"]
-    assert [w.reason for w in cpu] == [WithheldReason.CPU_CONTENDED]
-    assert [m.key.size for m in timed_on(messages, "/CPU:0")] == [1]  # n = 1 stood; the next size did not
-
-
 def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
     """Its time includes the wait: timed again once, then withheld as cpu_contended; the CPU goes on."""
     host = FakeHost([0.0], waits=[0.3])

@@ -26,11 +26,6 @@ from monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
 _THROTTLING_TOLERATED = 0.02
-# The worker's threads may wait for a CPU this many cores' worth over a CPU point, weighed by the share of
-# the point that is their parallel work. One busy core among 16 left the 15 threads waiting 0.05-0.30 cores
-# (most over a sweep's points) and slowed n = 1024-2048 1.5x in one sweep of three, while idle sweeps read
-# 0.002-0.035 (one H100, 2026-12-06: benchmarks/results/shared-node-threadwait-h100-2026-12-06.json).
-_THREADS_WAIT_TOLERATED = 0.1
 DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
 # A host reading may be this many relative IQRs of the idle readings slower before the host counts as slowed
 # (about 3 standard deviations of a normal spread), and a sweep without an idle baseline judges nothing before
@@ -345,20 +340,11 @@ class Guard:
 
     # --- the host's cores ------------------------------------------------------------------
 
-    def time_cpu_point(
-        self,
-        device: DeviceInfo,
-        threads: int,
-        measure: Callable[[], object],
-        work_share: Callable[[], float] = lambda: 1.0,
-    ) -> Withheld | None:
+    def time_cpu_point(self, device: DeviceInfo, threads: int, measure: Callable[[], object]) -> Withheld | None:
         """Run ``measure`` (one CPU point) under the host meter; timed again once if others disturbed it.
 
         Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
         beyond that, one of its threads shares a core with them and every parallel call waits for it.
-        Within that room the scheduler can still put a neighbour beside one of the threads: their wait
-        for a CPU, weighed by ``work_share`` (read after ``measure``: the share of the point that is the
-        threads' work, not its fixed cost), says so.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -374,11 +360,6 @@ class Guard:
                 found.append(f"{used}, where its {threads} threads leave room for {allowed:.2f}")
             if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
                 found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
-            if load.threads_wait is not None and load.threads_wait * work_share() > _THREADS_WAIT_TOLERATED:
-                found.append(
-                    f"its threads waited for a CPU {load.threads_wait:.2f} cores' worth while it ran (others used "
-                    f"{load.other_cores:.2f} cores beside them)"
-                )
             return found
 
         record = self._cpus.setdefault(device.device, _CpuRecord())

@@ -213,35 +213,19 @@ class _Session:
                 self.yield_to(verdict)
                 return None
         else:
-            verdict, timing = self._timed_on_cpu(device, size, dtype, mode, settings=settings, calls=calls)
+            run = self.backend.prepare(device, size, dtype, mode)
+            timings = []
+            threads = int(dict(device.details).get("threads", "0")) or 1
+            verdict = self.guard.time_cpu_point(
+                device, threads, lambda: timings.append(measure(run, settings, self.clock, calls=calls))
+            )
+            timing = timings[-1]
         if verdict is not None:
             self.withhold(verdict)
             return None
         if timing is not None and not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock
             raise MeasurementFailed(device.device, f"n={size}", f"impossible median {timing.median_s!r} s at n={size}")
         return timing
-
-    def _timed_on_cpu(
-        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
-    ) -> tuple[Withheld | None, Timing]:
-        """One CPU point under the guard's host meter: what the guard said of it, and its timing."""
-        run = self.backend.prepare(device, size, dtype, mode)
-        timings: list[Timing] = []
-        threads = int(dict(device.details).get("threads", "0")) or 1
-        fixed = self.timings.get((device.device, dtype, mode, 1))
-
-        def work_share() -> float:
-            """The share of a CPU point that is its threads' work: all but its fixed cost (none at n = 1)."""
-            if size == 1:
-                return 0.0
-            if fixed is None or not timings:
-                return 1.0
-            return max(0.0, 1.0 - fixed.median_s / timings[-1].median_s)
-
-        verdict = self.guard.time_cpu_point(
-            device, threads, lambda: timings.append(measure(run, settings, self.clock, calls=calls)), work_share
-        )
-        return verdict, timings[-1]
 
     def retry_is_over(self) -> bool:
         """A retry exists for its GPUs: once none of them can be timed, the CPU is not timed either."""
