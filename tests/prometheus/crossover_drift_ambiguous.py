@@ -44,8 +44,10 @@ CASES: list[tuple[str, list[int | str], list[tuple[str, tuple[str, int, int] | N
         [("24h59m", None), ("25h44m", ("23.35%", 613, 6))],
     ),
     (
-        ("an outlier drawn three times beside two ambiguous sweeps is no change of shape: the moved n* are half "
-        "of those served and only two sweeps ambiguous (an idle replay fired on this before it was asked)"),
+        (
+            "an outlier drawn three times beside two ambiguous sweeps is no change of shape: the moved n* are half "
+            "of those served and only two sweeps ambiguous (an idle replay fired on this before it was asked)"
+        ),
         [*IDLE_DAY, 800, 820, "A", "A", 786, 729, 474, 786, 474, 474, *[800] * 4],
         [("26h30m", None), ("26h45m", None)],
     ),
