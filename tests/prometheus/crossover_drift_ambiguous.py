@@ -15,6 +15,8 @@ LABELS = (
     'dtype="float32",mode="end_to_end"'
 )
 IDLE_DAY: list[int | str] = [780, 800, 820] * 32  # 96 sweeps at the default 15-minute schedule
+# A day whose sweeps are ambiguous one in four.
+AMBIGUOUS_DAY: list[int | str] = [780, 800, "A", 820] * 24
 # (name, sweeps, [(eval time, None or (value, window's n*, ambiguous sweeps))])
 CASES: list[tuple[str, list[int | str], list[tuple[str, tuple[str, int, int] | None]]]] = [
     (
@@ -53,7 +55,7 @@ CASES: list[tuple[str, list[int | str], list[tuple[str, tuple[str, int, int] | N
     ),
     (
         "ambiguous sweeps no more common than in the day before (one in four) are no change of shape: silent",
-        [*[780, 800, "A", 820] * 24, 450, "A", 450, "A", "A", 800, 820, 800, *[800] * 4],
+        [*AMBIGUOUS_DAY, 450, "A", 450, "A", "A", 800, 820, 800, *[800] * 4],
         [("25h15m", None), ("26h", None)],
     ),
 ]
