@@ -28,7 +28,7 @@ from monitor.errors import (
 )
 from monitor.logs import configure
 from monitor.model import SweepResult
-from monitor.nodecheck import Check
+from monitor.nodecheck import DEFAULT_MAX_AGE_S, Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
 from monitor.settings import DEFAULT_PORT, Settings
@@ -145,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--max-age",
         metavar="DURATION",
-        help="results older than this are stale: unknown (default: 2h; raise it for schedules slower than 45m)",
+        help=f"results older than this are stale: unknown (default: {DEFAULT_MAX_AGE_S / 3600:g}h; raise it for "
+        "schedules slower than 45m)",
     )
 
     plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")

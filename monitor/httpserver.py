@@ -72,7 +72,6 @@ class Request:
     headers: tuple[tuple[str, str], ...]  # names lower-case
     body: bytes
     peer: str
-    tls_client_certificate: bool = False
 
     @property
     def path(self) -> str:
@@ -358,7 +357,6 @@ class HttpServer:
                     headers=tuple((k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in head.headers),
                     body=bytes(body),
                     peer=str(writer.get_extra_info("peername", ("?",))[0]),
-                    tls_client_certificate=writer.get_extra_info("peercert") is not None,
                 )
             elif isinstance(event, h11.ConnectionClosed):
                 return None

@@ -66,7 +66,7 @@ class Request:
     prometheus_url: str | None
     instance: str | None  # this node's `instance` label in Prometheus
     timeout_s: float
-    max_age_s: float | None  # None: from the schedule the service serves
+    max_age_s: float | None  # None: DEFAULT_MAX_AGE_S
 
 
 def run(request: Request, now: float) -> Verdict:
@@ -121,7 +121,7 @@ def _devices(by_name: _ByName, gpus: list[str]) -> Verdict | None:
 
 
 def _freshness(by_name: _ByName, now: float, max_age_s: float | None) -> Verdict | None:
-    """A verdict if no sweep succeeded, or the latest success is older than two intervals (or --max-age)."""
+    """A verdict if no sweep succeeded, or the latest success is older than DEFAULT_MAX_AGE_S (or --max-age)."""
     last = _single(by_name, LAST_SUCCESS)
     if last is None:
         return Verdict(Status.UNKNOWN, "unknown: no sweep has succeeded yet")
