@@ -8,8 +8,11 @@ import time
 
 import pytest
 
+from monitor.config import settings_from_mapping
+from monitor.coordinator import SweepCoordinator
 from monitor.model import RetryResult, SweepResult
 from monitor.protocol import Plan
+from monitor.state import StateStore
 from tests.conftest import free_port
 from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
 
@@ -55,3 +58,29 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     assert any(m.key.device == "/GPU:0" for m in state.latest.measurements)
     # The sweep measured the CPU only; the retry that measured the GPU is not counted as a sweep.
     assert (state.count(SweepResult.PARTIAL), state.count(SweepResult.SUCCESS)) == (1, 0)
+
+
+def _coordinator() -> SweepCoordinator:
+    settings = settings_from_mapping({"schedule": {"interval": "1h"}, "benchmark": {"timeout": "60s"}})
+    return SweepCoordinator(settings, StateStore(), None, launch=lambda plan: ThreadWorker(plan, fake_guard(None)))
+
+
+def test_stuck_says_why_sweeps_no_longer_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What /-/healthy answers 503 on, each cause injected into a coordinator whose schedule never starts a
+    sweep: no scheduler; a sweep due long ago and not started; a sweep running past its deadline and the
+    grace after it. A schedule on time with no sweep stuck says nothing."""
+    coordinator = _coordinator()
+    assert coordinator.stuck() == "the scheduler is not running"
+    scheduler = coordinator._scheduler
+    monkeypatch.setattr(type(scheduler), "running", property(lambda _: True))
+    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() + 3600)
+    assert coordinator.stuck() is None
+    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() - 600)
+    overdue = coordinator.stuck()
+    assert overdue is not None
+    assert overdue.startswith("the next sweep was due 600s ago")
+    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() + 3600)
+    monkeypatch.setattr(coordinator, "_sweep_started", time.monotonic() - 60 - 31)
+    assert coordinator.stuck() == "a sweep has been running for more than 90s and could not be stopped"
+    monkeypatch.setattr(coordinator, "_sweep_started", time.monotonic() - 60)  # within its deadline and grace
+    assert coordinator.stuck() is None
