@@ -38,12 +38,13 @@ ADDED_SINCE_RECORDING = {
     metrics.CROSSOVER_DERIVED_AT,
     metrics.RETRIES + "_total",
     metrics.GPU_CLOCK_EVENT,
+    metrics.SECTION_SUCCESS,  # issue 36
     *(name for name, _ in metrics.HARDWARE_GAUGES),
     metrics.CONFIG_LOADED,  # the reload (issue 10), later still
     metrics.CONFIG_LOADED_AT,
 }
 # Labels added after it (dcgm-exporter's join keys, issue 19): empty in the data it holds, so dropped here.
-LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id"}
+LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id", "cpu_affinity", "driver_version"}
 # Sweep results added after it (issue 32): 0 in the data it holds, so dropped here.
 RESULTS_ADDED_SINCE_RECORDING = {("result", SweepResult.PARTIAL.value), ("result", SweepResult.WITHHELD.value)}
 
