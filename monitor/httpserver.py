@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import functools
 import gzip
+import http
 import logging
 import ssl
 import threading
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 import h11
 
 log = logging.getLogger(__name__)
+_REASONS = {status.value: status.phrase.encode("ascii") for status in http.HTTPStatus}
 
 # Reads and the reader's buffer: small, so a client pipelining requests it never reads the answers to holds
 # little here (a request head may span several reads; h11 bounds it at max_header_bytes).
@@ -422,7 +424,9 @@ class HttpServer:
         ]
         if not self._server.is_serving():
             headers.append(("Connection", "close"))
-        first = protocol.send(h11.Response(status_code=response.status, headers=headers)) or b""
+        # With its reason phrase ("200 OK"), as other servers write it; h11 leaves it empty unless told.
+        reason = _REASONS.get(response.status, b"")
+        first = protocol.send(h11.Response(status_code=response.status, headers=headers, reason=reason)) or b""
         pieces: list[bytes | memoryview] = []
         if not head and response.body:
             # The body as it is (often the cached /metrics, shared by every scraper), in pieces: no copy of it

@@ -345,3 +345,11 @@ def test_a_malformed_absolute_target_is_a_400_not_a_traceback(
         answer = _raw(server, b"GET http://[/metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+
+
+def test_status_lines_carry_their_reason_phrase(server: HttpServer) -> None:
+    """``HTTP/1.1 200 OK`` and ``404 Not Found``, as other servers and clients' logs write them (issue 35)."""
+    ok = _raw(server, b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert ok.startswith(b"HTTP/1.1 200 OK\r\n"), ok[:100]
+    missing = _raw(server, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert missing.startswith(b"HTTP/1.1 404 Not Found\r\n"), missing[:100]
