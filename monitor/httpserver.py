@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import h11
 
 log = logging.getLogger(__name__)
+# Each status code's reason phrase, for the status line ("200 OK").
 _REASONS = {status.value: status.phrase.encode("ascii") for status in http.HTTPStatus}
 
 # Reads and the reader's buffer: small, so a client pipelining requests it never reads the answers to holds
