@@ -141,6 +141,22 @@ class VirtualClock:
         return self.now
 
 
+class VirtualCurveBackend(CurveBackend):
+    """The known curves on a VirtualClock: a sweep takes no real time, and a busy machine cannot move a point."""
+
+    def __init__(self, options: BackendOptions, *, clock: VirtualClock) -> None:
+        super().__init__(options)
+        self._clock = clock
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        seconds = cpu_seconds(size) if device.kind == "cpu" else gpu_seconds(size, mode)
+
+        def run(calls: int) -> None:
+            self._clock.now += seconds * calls
+
+        return run
+
+
 def tie_cpu_seconds(size: int) -> float:
     """A CPU behind a framework's 40 µs dispatch cost, at 100 GFLOP/s."""
     return 40e-6 + 2 * size**3 / 1e11

@@ -30,7 +30,7 @@ from monitor.protocol import Environment, Message, Plan
 from monitor.settings import RefineSettings
 from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
-from tests.fakes import CurveBackend, VirtualClock, VisitNoiseBackend
+from tests.fakes import CurveBackend, VirtualClock, VirtualCurveBackend, VisitNoiseBackend
 from tests.guardfakes import IDLE, JOB, FakeSampler, fake_guard, run_guarded, timed_on, withheld_in
 
 
@@ -53,12 +53,18 @@ def test_n1_is_timed_for_the_fixed_cost_when_not_configured() -> None:
 
 
 def test_refinement_times_the_bracket_in_visits_with_sizes_added_between() -> None:
-    """Around the true n ≈ 46, the bracket 32–64 gains sizes ≤ 20% apart, each timed in 5 visits on both devices."""
+    """Around the true n ≈ 46, the bracket 32–64 gains sizes ≤ 20% apart, each timed in 5 visits on both devices.
+
+    On a virtual clock: the bracket is the known curves', not what a busy machine made of them."""
     plan = with_bench(
         make_plan("tests.fakes:curve", modes=("compute",)),
         refine=RefineSettings(enabled=True, visits=5, spacing=0.2, budget_s=30),
     )
-    devices, measurements = _run(plan)
+    clock = VirtualClock()
+    messages: list[Message] = []
+    run_plan(plan, VirtualCurveBackend(BackendOptions(tf32=False, cpu_threads=1), clock=clock), messages.append, clock)
+    devices = [m for m in messages if isinstance(m, DeviceInfo)]
+    measurements = [m for m in messages if isinstance(m, Measurement)]
     added = {m.key.size for m in measurements if m.role == "refine"}
     assert added == set(between(32, 64, 0.2))
     ladder = sorted({32, 64, *added})
