@@ -211,6 +211,11 @@ CPU_STEAL = _metric(
     "Of the other load, the hypervisor's steal on the worker's vCPUs while the CPU was timed, in cores",
     DEVICE_LABELS,
 )
+CPU_BLOCKS_SET_ASIDE = _metric(
+    "matmul_cpu_blocks_set_aside_ratio",
+    "Share of the CPU's timed blocks set aside and timed again because the worker's threads waited for a CPU in them",
+    DEVICE_LABELS,
+)
 HOST_SLOWDOWN = _metric(
     "matmul_host_slowdown_ratio",
     "Most the host reference ran slower than its idle figure over the device's points (1: as fast)",
@@ -232,6 +237,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),
     (CPU_STEAL, "cpu_steal_cores"),
+    (CPU_BLOCKS_SET_ASIDE, "cpu_blocks_set_aside_ratio"),
     (HOST_SLOWDOWN, "host_slowdown_max"),
 )
 

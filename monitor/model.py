@@ -420,6 +420,9 @@ class HardwareContext:
     cpu_steal_cores: float | None = None
     # CPU only: the most the worker's threads waited for a CPU over one of its points, summed, in cores
     cpu_threads_wait_cores: float | None = None
+    # CPU only: the share of its timed blocks set aside (and timed again) because the worker's threads
+    # waited for a CPU in them more than guard.host_max_slowdown cores' worth
+    cpu_blocks_set_aside_ratio: float | None = None
     # The most the host reference ran slower than its idle reference over the device's points that stood
     # (1.0: as fast; what guard.host_max_slowdown is held against, weighed by each point's host share).
     host_slowdown_max: float | None = None

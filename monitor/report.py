@@ -120,6 +120,8 @@ def _hardware_line(h: HardwareContext) -> str:
     if h.other_cpu_cores is not None:
         steal = f" (the hypervisor's steal ≤ {h.cpu_steal_cores:.2f})" if h.cpu_steal_cores else ""
         parts.append(f"other processes used ≤ {h.other_cpu_cores:.2f} cores{steal}")
+    if h.cpu_blocks_set_aside_ratio:
+        parts.append(f"{h.cpu_blocks_set_aside_ratio:.0%} of its blocks timed again (its threads waited for a CPU)")
     if h.cpu_throttled_s:
         parts.append(f"CPU quota throttled {h.cpu_throttled_s * 1000:.0f} ms")
     if h.host_slowdown_max is not None:

@@ -84,8 +84,14 @@ class FakeHost:
         waits: list[float | None] | None = None,
         throttled: list[float] | None = None,
         threads_waits: list[float | None] | None = None,
+        *,
+        block_waits: list[float | None] | None = None,
     ) -> None:
+        """``block_waits``: the worker's threads' wait over each timed block of a CPU point, in cores (the last
+        repeats; None: the kernel does not say)."""
         self.loads = loads
+        self.block_waits = block_waits or [None]
+        self.blocks = 0
         self.waits = waits or [0.0]
         self.throttled = throttled or [0.0]
         self.threads_waits = threads_waits or [None]
@@ -97,6 +103,14 @@ class FakeHost:
 
     def start(self) -> object:
         return None
+
+    def threads_mark(self) -> object:
+        return None
+
+    def threads_waited(self, since: object) -> float | None:
+        waited = self.block_waits[min(self.blocks, len(self.block_waits) - 1)]
+        self.blocks += 1
+        return waited
 
     def stop(self, started: object) -> HostLoad:
         load = self.loads[min(self.windows, len(self.loads) - 1)]

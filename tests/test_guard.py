@@ -22,6 +22,7 @@ import pytest
 
 from monitor.bench.guard import DISTURBED_PAUSE_S, GpuProcess, GpuSample, GpuSampler, GuardUnavailable, HostLoad
 from monitor.bench.podresources import PodResourcesUnavailable
+from monitor.bench.timing import BlockWatch
 from monitor.errors import EXIT_WITHHELD
 from monitor.model import (
     HOST_REFERENCE,
@@ -260,7 +261,7 @@ def test_cpu_point_disturbed_twice_is_withheld_with_the_load_seen() -> None:
     guard = fake_guard(FakeSampler(lambda _: IDLE), host)
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     runs: list[int] = []
-    verdict = guard.time_cpu_point(device, 4, lambda: runs.append(1))
+    verdict = guard.time_cpu_point(device, 4, lambda _: runs.append(1))
     assert verdict is not None
     assert verdict.reason is WithheldReason.CPU_CONTENDED
     assert "1.00 cores" in verdict.detail
@@ -271,7 +272,7 @@ def test_cpu_point_disturbed_once_stands_once_timed_again() -> None:
     """A burst that passed: timed again, it was clean, so the point stands."""
     guard = fake_guard(None, FakeHost([1.0, 0.0]))
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    assert guard.time_cpu_point(device, 4, lambda: None) is None
+    assert guard.time_cpu_point(device, 4, lambda _: None) is None
     assert DISTURBED_PAUSE_S > 0
 
 
@@ -279,7 +280,7 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     """With 2 threads on 4 cores, another process on one core disturbs nothing."""
     guard = fake_guard(None, FakeHost([1.2], cores=4))
     device = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    assert guard.time_cpu_point(device, 2, lambda: None) is None
+    assert guard.time_cpu_point(device, 2, lambda _: None) is None
 
 
 def test_the_cpu_context_records_the_most_its_threads_waited_for_a_cpu() -> None:
@@ -290,6 +291,47 @@ def test_the_cpu_context_records_the_most_its_threads_waited_for_a_cpu() -> None
     assert _hardware(messages, "/CPU:0").cpu_threads_wait_cores == 0.2
     _, unknown = run_guarded(fake_guard(None, FakeHost([0.0]), require_nvml=False))
     assert _hardware(unknown, "/CPU:0").cpu_threads_wait_cores is None
+
+
+def _five_blocks(watch: BlockWatch | None) -> None:
+    """A CPU point of five timed blocks, each asked of the guard's block watch as measure() asks it."""
+    assert watch is not None
+    for _ in range(5):
+        watch.disturbed(watch.mark())
+
+
+def test_blocks_its_threads_waited_in_are_set_aside_and_the_share_recorded() -> None:
+    """Blocks over which the worker's threads waited more than host_max_slowdown cores are set aside: the point
+    stands on the others (three are enough) and the CPU's context says what share of its blocks went."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    guard = fake_guard(None, FakeHost([0.0], block_waits=[0.01, 0.3, 0.02, 0.25, 0.05]))
+    assert guard.time_cpu_point(cpu, 3, _five_blocks) is None
+    (context,) = guard.contexts([cpu])
+    assert context.cpu_blocks_set_aside_ratio == pytest.approx(2 / 5)
+    # Unknown wait (no schedstat) sets nothing aside; a large host_max_slowdown turns the check off.
+    for relaxed in (FakeHost([0.0]), FakeHost([0.0], block_waits=[0.5])):
+        guard = fake_guard(None, relaxed, host_max_slowdown=100 if relaxed.block_waits != [None] else 0.1)
+        assert guard.time_cpu_point(cpu, 3, _five_blocks) is None
+        assert guard.contexts([cpu])[0].cpu_blocks_set_aside_ratio == 0.0
+    # Threads on every core (and the one timing them beside): they wait for each other, no watch is given.
+    given: list[BlockWatch | None] = []
+    guard = fake_guard(None, FakeHost([0.0], cores=4, block_waits=[0.5]))
+    assert guard.time_cpu_point(cpu, 4, given.append) is None
+    assert given == [None]
+
+
+def test_a_cpu_point_left_with_too_few_undisturbed_blocks_is_withheld_saying_why() -> None:
+    """Threads waiting through most blocks of both tries: cpu_contended, naming the blocks and the wait."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    guard = fake_guard(None, FakeHost([0.0], block_waits=[0.4, 0.3, 0.0, 0.2, 0.35] * 2))
+    verdict = guard.time_cpu_point(cpu, 3, _five_blocks)
+    assert verdict is not None
+    assert verdict.reason is WithheldReason.CPU_CONTENDED
+    assert "its threads waited for a CPU in 4 of its 5 timed blocks (up to 0.40 cores, allowed 0.10" in verdict.detail
+    assert verdict.detail.endswith("(timed twice)")
+    # A burst that passed before the second try: it stands.
+    guard = fake_guard(None, FakeHost([0.0], block_waits=[0.4] * 5 + [0.0]))
+    assert guard.time_cpu_point(cpu, 3, _five_blocks) is None
 
 
 def test_gpu_point_whose_host_side_waited_for_a_cpu_is_withheld() -> None:
@@ -521,7 +563,7 @@ def test_a_point_the_slowed_host_moved_is_timed_again_then_withheld_as_host_slow
     the CPU is withheld naming the slowdown; the GPU's point, timed with the host back at its figure, stands."""
     guard = fake_guard(None, FakeHost([0.0]), reference=_readings([1.5e-3] * 4 + [1e-3]), baseline=IDLE_REFERENCE)
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    verdict = guard.time_cpu_point(cpu, 1, lambda: None)
+    verdict = guard.time_cpu_point(cpu, 1, lambda _: None)
     assert verdict is not None
     assert verdict.reason is WithheldReason.HOST_SLOWED
     assert verdict.detail.startswith("the host ran 1.50x slower than its idle reference while it was timed (1.5 ms")
@@ -550,12 +592,12 @@ def test_a_noisy_reference_widens_what_is_allowed_and_without_a_baseline_a_sweep
     noisy = fake_guard(
         None, FakeHost([0.0]), reference=_readings([1.3e-3]), baseline=HostReference(median_s=1e-3, spread=0.2)
     )
-    assert noisy.time_cpu_point(cpu, 1, lambda: None) is None
+    assert noisy.time_cpu_point(cpu, 1, lambda _: None) is None
     own = fake_guard(None, FakeHost([0.0]), reference=_readings([1e-3] * 8 + [1.6e-3]))
-    assert own.time_cpu_point(cpu, 1, lambda: None) is None  # two readings: too few to judge
+    assert own.time_cpu_point(cpu, 1, lambda _: None) is None  # two readings: too few to judge
     for _ in range(3):
-        assert own.time_cpu_point(cpu, 1, lambda: None) is None
-    verdict = own.time_cpu_point(cpu, 1, lambda: None)
+        assert own.time_cpu_point(cpu, 1, lambda _: None) is None
+    verdict = own.time_cpu_point(cpu, 1, lambda _: None)
     assert verdict is not None
     assert verdict.reason is WithheldReason.HOST_SLOWED
 
@@ -566,7 +608,7 @@ def test_the_host_check_off_or_the_guard_off_reads_nothing() -> None:
     relaxed = fake_guard(
         None, FakeHost([0.0]), reference=_readings([5e-3]), baseline=IDLE_REFERENCE, host_max_slowdown=100
     )
-    assert relaxed.time_cpu_point(cpu, 1, lambda: None) is None
+    assert relaxed.time_cpu_point(cpu, 1, lambda _: None) is None
     calls: list[float] = []
 
     def counted() -> float:
@@ -574,7 +616,7 @@ def test_the_host_check_off_or_the_guard_off_reads_nothing() -> None:
         return 1e-3
 
     off = fake_guard(None, FakeHost([0.0]), reference=counted, enabled=False)
-    assert off.time_cpu_point(cpu, 1, lambda: None) is None
+    assert off.time_cpu_point(cpu, 1, lambda _: None) is None
     assert calls == []
 
 

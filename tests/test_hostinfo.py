@@ -238,3 +238,22 @@ def test_proc_stat_meter_does_not_count_this_process() -> None:
 def test_affinity_is_written_as_a_cpuset_list(cores: set[int], text: str) -> None:
     """The worker's cores as the kernel's cpuset files write them: ranges of neighbours, in order."""
     assert affinity_text(cores) == text
+
+
+def test_threads_waited_sums_each_threads_run_queue_wait_per_second(tmp_path: Path) -> None:
+    """The worker's threads' wait between a mark and now, summed over the threads seen at both, per second of
+    wall time; a thread that started meanwhile does not count its whole life's wait."""
+    tasks = tmp_path / "task"
+
+    def write(waits: dict[str, int]) -> None:
+        for tid, ns in waits.items():
+            (tasks / tid).mkdir(parents=True, exist_ok=True)
+            (tasks / tid / "schedstat").write_text(f"1000 {ns} 3\n")
+
+    walls = iter([10.0, 10.5])
+    meter = ProcStatMeter(tasks=tasks, clock=lambda: next(walls))
+    write({"100": 1_000_000_000, "101": 0})
+    mark = meter.threads_mark()
+    write({"100": 1_050_000_000, "101": 100_000_000, "102": 9_000_000_000})
+    assert meter.threads_waited(mark) == pytest.approx((0.05 + 0.1) / 0.5)
+    assert ProcStatMeter(tasks=tmp_path / "none").threads_waited(ProcStatMeter().threads_mark()) is None

@@ -168,7 +168,12 @@ def test_exposed_names_cover_every_family_rendered() -> None:
                 host_slowdown_max=1.03,
             ),
             HardwareContext(
-                backend="tensorflow", device="/CPU:0", other_cpu_cores=0.1, cpu_throttled_s=0.0, cpu_steal_cores=0.05
+                backend="tensorflow",
+                device="/CPU:0",
+                other_cpu_cores=0.1,
+                cpu_throttled_s=0.0,
+                cpu_steal_cores=0.05,
+                cpu_blocks_set_aside_ratio=0.02,
             ),
         ),
     )

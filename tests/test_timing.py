@@ -120,3 +120,46 @@ def test_median_lies_within_samples_and_iqr_within_range(samples: list[float]) -
     median, iqr = median_and_iqr(samples)
     assert min(samples) <= median <= max(samples)
     assert 0.0 <= iqr <= max(samples) - min(samples) + 1e-12
+
+
+class _Neighbour:
+    """A neighbour that slows the blocks it is told to (by their order), and the block watch that sees it."""
+
+    def __init__(self, slowed: Iterator[bool]) -> None:
+        self.slowed = slowed
+        self.now_slow = False
+        self.asked = 0
+
+    def cost(self) -> Iterator[float]:
+        while True:
+            yield 2e-3 if self.now_slow else 1e-3
+
+    def mark(self) -> object:
+        self.now_slow = next(self.slowed)
+        return None
+
+    def disturbed(self, since: object) -> bool:
+        self.asked += 1
+        return self.now_slow
+
+
+def test_blocks_the_watch_calls_disturbed_are_set_aside_and_timed_again() -> None:
+    """A neighbour that slowed every other block: those blocks leave the median, and enough others are timed."""
+    neighbour = _Neighbour(itertools.cycle([False, True]))
+    device = FakeDevice(neighbour.cost())
+    timing = measure(device.run, _settings(), device.clock, watch=neighbour)
+    assert timing.stop_reason is StopReason.CONVERGED
+    assert (timing.blocks, neighbour.asked) == (5, 9)  # the four slow blocks between them set aside
+    assert timing.median_s == pytest.approx(1e-3)
+    assert all(s == pytest.approx(1e-3) for s in timing.samples_s)
+
+
+def test_a_point_whose_blocks_were_all_disturbed_keeps_them_all_and_stops() -> None:
+    """Too few blocks stood: every block counts (the watch's owner withholds the point), and the set-aside
+    blocks are bounded by max_blocks, as the kept ones are."""
+    neighbour = _Neighbour(itertools.repeat(True))
+    device = FakeDevice(neighbour.cost())
+    timing = measure(device.run, _settings(max_blocks=12), device.clock, watch=neighbour)
+    assert timing.stop_reason is StopReason.MAX_BLOCKS
+    assert (timing.blocks, neighbour.asked) == (12, 12)
+    assert timing.median_s == pytest.approx(2e-3)

@@ -212,17 +212,31 @@ class ProcStatMeter:
                 if now.own_wait_s is not None and started.own_wait_s is not None
                 else None
             ),
-            threads_wait=(
-                sum(
-                    max(0.0, w - started.threads_wait_s[t])
-                    for t, w in now.threads_wait_s.items()
-                    if t in started.threads_wait_s
-                )
-                / wall
-                if now.threads_wait_s is not None and started.threads_wait_s is not None
-                else None
-            ),
+            threads_wait=_waited_cores(started.threads_wait_s, now.threads_wait_s, wall),
         )
+
+    def threads_mark(self) -> object:
+        return _ThreadsMark(self._clock(), self._threads_wait())
+
+    def threads_waited(self, since: object) -> float | None:
+        if not isinstance(since, _ThreadsMark):
+            raise TypeError("threads_waited() takes what threads_mark() returned")
+        waits, wall = self._threads_wait(), self._clock() - since.wall_s
+        return _waited_cores(since.waits_s, waits, wall) if wall > 0 else None
+
+
+@dataclass(frozen=True)
+class _ThreadsMark:
+    wall_s: float
+    waits_s: dict[str, float] | None
+
+
+def _waited_cores(before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float) -> float | None:
+    """The run-queue wait of the threads seen at both readings between them, summed, per second of wall time."""
+    if before is None or after is None:
+        return None
+    waited = sum(max(0.0, w - before[t]) for t, w in after.items() if t in before)
+    return waited / max(wall_s, 1e-9)
 
 
 def _cgroup_file(root: Path, name: str, proc_self_cgroup: Path = Path("/proc/self/cgroup")) -> Path | None:

@@ -217,7 +217,9 @@ class _Session:
             timings = []
             threads = int(dict(device.details).get("threads", "0")) or 1
             verdict = self.guard.time_cpu_point(
-                device, threads, lambda: timings.append(measure(run, settings, self.clock, calls=calls))
+                device,
+                threads,
+                lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
             )
             timing = timings[-1]
         if verdict is not None:

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from monitor.bench.contract import RunBlock
 from monitor.model import StopReason, Timing, relative_iqr
@@ -15,6 +16,19 @@ Clock = Callable[[], float]
 
 MAX_CALLS_PER_BLOCK = 1_000_000
 MIN_BLOCKS_ON_BUDGET = 3  # a median and an IQR need at least this many blocks, budget or not
+
+
+class BlockWatch(Protocol):
+    """Says whether something outside a timed block slowed it (the guard's, for CPU points): such a block is
+    set aside and another timed in its place."""
+
+    def mark(self) -> object:
+        """An opaque reading taken just before a block, to pass to ``disturbed``."""
+        ...
+
+    def disturbed(self, since: object) -> bool:
+        """Whether the block timed since ``since`` was disturbed."""
+        ...
 
 
 def median_and_iqr(samples: Sequence[float]) -> tuple[float, float]:
@@ -47,29 +61,42 @@ def calibrate(run: RunBlock, block_s: float, clock: Clock) -> int:
     return calls
 
 
-def measure(run: RunBlock, settings: TimingSettings, clock: Clock, *, calls: int | None = None) -> Timing:
+def measure(
+    run: RunBlock, settings: TimingSettings, clock: Clock, *, calls: int | None = None, watch: BlockWatch | None = None
+) -> Timing:
     """Warm up, calibrate, then repeat timed blocks until the spread is small or the budget is spent.
 
     ``calls`` skips the calibration: a later visit of a point keeps the block length of its first.
+    ``watch``: blocks it calls disturbed are set aside and timed again, up to ``max_blocks`` of them; if fewer
+    than ``MIN_BLOCKS_ON_BUDGET`` stood, every block counts (the watch knows, and its owner judges the point).
     """
     started = clock()
     for _ in range(settings.warmup_calls):
         run(1)
     calls = calls or calibrate(run, settings.block_s, clock)
     samples: list[float] = []
+    set_aside: list[float] = []
+    spread = math.inf
     while True:
-        samples.append(_timed(run, calls, clock) / calls)
+        mark = watch.mark() if watch is not None else None
+        sample = _timed(run, calls, clock) / calls
+        (set_aside if watch is not None and watch.disturbed(mark) else samples).append(sample)
         count = len(samples)
-        spread = relative_iqr(*median_and_iqr(samples))
+        if count:
+            spread = relative_iqr(*median_and_iqr(samples))
         if count >= settings.min_blocks and spread <= settings.target_spread:
             reason = StopReason.CONVERGED
             break
-        if count >= settings.max_blocks:
+        if count >= settings.max_blocks or len(set_aside) >= settings.max_blocks:
             reason = StopReason.MAX_BLOCKS
             break
-        if clock() - started >= settings.size_budget_s and count >= MIN_BLOCKS_ON_BUDGET:
+        over_budget = clock() - started >= settings.size_budget_s
+        if over_budget and max(count, len(set_aside)) >= MIN_BLOCKS_ON_BUDGET:
             reason = StopReason.BUDGET
             break
+    if count < MIN_BLOCKS_ON_BUDGET:
+        samples += set_aside
+        spread = relative_iqr(*median_and_iqr(samples))
     median, iqr = median_and_iqr(samples)
     return Timing(
         median_s=median,
