@@ -575,6 +575,19 @@ def test_a_point_the_slowed_host_moved_is_timed_again_then_withheld_as_host_slow
     assert reference.median_s == pytest.approx(1.5e-3)  # the median of its six readings, four of them slowed
 
 
+def test_a_sweeps_reference_spread_is_read_from_its_lower_half() -> None:
+    """A stretch of slowed readings (the last four of ten at 1.6x) does not widen the spread the sweep hands
+    the next ones: only the readings at and below the median say how much the reference moves on its own."""
+    readings = [1.0e-3, 1.02e-3, 0.98e-3, 1.01e-3, 0.99e-3, 1.0e-3] + [1.6e-3] * 4
+    guard = fake_guard(None, FakeHost([0.0]), reference=_readings(readings), host_max_slowdown=100)
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    for _ in range(5):
+        assert guard.time_cpu_point(cpu, 1, lambda _: None) is None
+    reference = guard.host_reference
+    assert reference is not None
+    assert reference.spread < 0.05  # the whole IQR would say 0.6
+
+
 def test_a_compute_point_is_judged_by_its_host_share_and_a_burst_that_passed_lets_it_stand() -> None:
     """A 1.5x slower host moves a GPU point whose host share is 10% by 5%: it stands. A slowdown only on the
     first try passes once timed again."""
@@ -586,13 +599,15 @@ def test_a_compute_point_is_judged_by_its_host_share_and_a_burst_that_passed_let
 
 
 def test_a_noisy_reference_widens_what_is_allowed_and_without_a_baseline_a_sweep_judges_itself() -> None:
-    """Where the idle readings spread by 20% (relative IQR), a 1.3x reading is within twice that; without an
-    idle baseline the first readings judge nothing, and later ones are held against the sweep's own median."""
+    """Where the idle readings spread by 10% (relative IQR), a 1.18x reading is within twice that; a spread
+    of 20% widens the allowance to 25% at most, not 40%: a 1.3x reading is withheld. Without an idle
+    baseline the first readings judge nothing, and later ones are held against the sweep's own median."""
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    noisy = fake_guard(
-        None, FakeHost([0.0]), reference=_readings([1.3e-3]), baseline=HostReference(median_s=1e-3, spread=0.2)
-    )
-    assert noisy.time_cpu_point(cpu, 1, lambda _: None) is None
+    for spread, reading, stands in ((0.1, 1.18e-3, True), (0.2, 1.2e-3, True), (0.2, 1.3e-3, False)):
+        noisy = fake_guard(
+            None, FakeHost([0.0]), reference=_readings([reading]), baseline=HostReference(median_s=1e-3, spread=spread)
+        )
+        assert (noisy.time_cpu_point(cpu, 1, lambda _: None) is None) is stands, (spread, reading)
     own = fake_guard(None, FakeHost([0.0]), reference=_readings([1e-3] * 8 + [1.6e-3]))
     assert own.time_cpu_point(cpu, 1, lambda _: None) is None  # two readings: too few to judge
     for _ in range(3):
