@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import json
 import math
 import types
 import typing
@@ -28,6 +29,15 @@ class DecodeError(ValueError):
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         super().__init__(f"{path or 'the message'}: {message}")
+
+
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads``, with a document nested too deep for the parser (a hand-edited or hostile file, a
+    worker's garbage) a ValueError like any other bad JSON, not a RecursionError that escapes every handler."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to read") from None
 
 
 def to_data(value: Any) -> Any:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor.codec import DecodeError, from_data, to_data
+from monitor.codec import DecodeError, from_data, parse_json, to_data
 from monitor.model import (
     HostReference,
     RecentCrossovers,
@@ -69,8 +69,8 @@ class Run:
     """One recorded run, as ``crossover-monitor history`` shows it."""
 
     kind: str
-    started_at: float
-    finished_at: float
+    started_at: float | None  # None: the row's times cannot be read (the reason says why)
+    finished_at: float | None
     result: str
     reason: str
     devices: tuple[tuple[str, str, str], ...]  # (device, state, reason)
@@ -211,7 +211,7 @@ class RunHistory:
         if row is None:
             return None
         try:
-            stored = json.loads(row[0])
+            stored = parse_json(row[0])
             written_as, data = (
                 (stored["format"], stored.get("served"))
                 if isinstance(stored, dict) and "format" in stored
@@ -306,20 +306,48 @@ def _recent(db: sqlite3.Connection, limit: int) -> list[Run]:
     return [_run(row) for row in rows]
 
 
+@dataclass(frozen=True)
+class _RunHead:
+    """A row's plain columns, read through the codec: a hand-edited row may hold anything."""
+
+    kind: str
+    started_at: float
+    finished_at: float
+    result: str
+    reason: str
+
+
 def _run(row: tuple[Any, ...]) -> Run:
-    """One row as a Run; a row whose JSON cannot be read (edited by hand, damaged) says so in its reason."""
+    """One row as a Run; a row whose columns cannot be read (edited by hand, damaged) says so in its reason."""
     kind, started, finished, result, reason, devices, crossovers = row
     try:
-        device_rows = from_data(tuple[_DeviceRow, ...], json.loads(devices), "devices")
-        crossover_rows = from_data(tuple[_CrossoverRow, ...], json.loads(crossovers), "crossovers")
-    except (ValueError, DecodeError) as exc:
+        head = from_data(
+            _RunHead,
+            {"kind": kind, "started_at": started, "finished_at": finished, "result": result, "reason": reason},
+            "run",
+        )
+    except DecodeError as exc:
+        return Run(
+            kind=kind if isinstance(kind, str) else "?",
+            started_at=None,
+            finished_at=None,
+            result=result if isinstance(result, str) else "?",
+            reason=f"this row cannot be read ({exc})",
+            devices=(),
+            crossovers=(),
+        )
+    reason = head.reason
+    try:
+        device_rows = from_data(tuple[_DeviceRow, ...], parse_json(devices), "devices")
+        crossover_rows = from_data(tuple[_CrossoverRow, ...], parse_json(crossovers), "crossovers")
+    except (ValueError, TypeError, DecodeError) as exc:  # TypeError: a column that is not text at all
         device_rows, crossover_rows = (), ()
         reason = f"{reason}; this row's details cannot be read ({exc})".lstrip("; ")
     return Run(
-        kind=kind,
-        started_at=started,
-        finished_at=finished,
-        result=result,
+        kind=head.kind,
+        started_at=head.started_at,
+        finished_at=head.finished_at,
+        result=head.result,
         reason=reason,
         devices=tuple((d.device, d.state, d.reason) for d in device_rows),
         crossovers=tuple((c.gpu, c.mode, c.state, c.size) for c in crossover_rows),

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -26,6 +25,7 @@ from monitor.history import Run
 from monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, SweepResult
 from monitor.report import render_json
 from monitor.settings import Settings
+from monitor.text import took_text, utc_text
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,7 @@ nav a { margin-right: 1rem; }
 
 
 def _time(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(seconds))
+    return "–" if seconds is None else utc_text(seconds)
 
 
 def _e(value: object) -> str:
@@ -166,7 +164,7 @@ def _runs(state: ServiceState, runs: Sequence[Run] | None) -> list[str]:
         return [*rows, "<p>None yet.</p>"]
     rows.append("<table id='runs'><tr><th>started</th><th>took</th><th>kind</th><th>result</th><th>reason</th></tr>")
     for run in runs:
-        took = f"{run.finished_at - run.started_at:.1f} s"
+        took = took_text(run.started_at, run.finished_at, " s")
         rows.append(
             f"<tr><td>{_e(_time(run.started_at))}</td><td>{took}</td><td>{_e(run.kind)}</td>"
             f"<td class='{_e(run.result)}'>{_e(run.result)}</td><td>{_e(run.reason)}</td></tr>"

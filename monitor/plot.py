@@ -7,13 +7,12 @@ optional ``plot`` extra: it is imported only when a chart is drawn, so a missing
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from monitor.codec import DecodeError, from_data
+from monitor.codec import DecodeError, from_data, parse_json
 from monitor.errors import MonitorError
 from monitor.metrics import (
     BENCHMARK_INFO,
@@ -90,10 +89,10 @@ def plot(output: Path, *, json_file: Path | None = None, url: str | None = None)
 def from_json(path: Path) -> Chart:
     """The chart of the sweep in a file written by ``crossover-monitor once --json``."""
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
+        body = parse_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PlotError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # ValueError: json's, or nested too deep
         raise PlotError(f"{path} is not the JSON that `crossover-monitor once --json` writes: {exc}") from None
     snapshot = body.get("snapshot") if isinstance(body, dict) else None
     if not isinstance(snapshot, dict):

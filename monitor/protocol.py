@@ -6,7 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from monitor.codec import DecodeError, from_data, to_data
+from monitor.codec import DecodeError, from_data, parse_json, to_data
 from monitor.model import (
     DeviceFailure,
     DeviceInfo,
@@ -43,7 +43,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         """The plan in one line; ValueError (DecodeError naming the field) for anything else."""
-        return from_data(cls, json.loads(text))
+        return from_data(cls, parse_json(text))
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def encode(message: Message) -> str:
 def decode(line: str) -> Message:
     """The message in one line from the worker; raises ProtocolError naming the field at fault."""
     try:
-        body = json.loads(line)
+        body = parse_json(line)
     except ValueError as exc:
         raise ProtocolError(f"malformed worker message {abridged(line, 200)}: not JSON ({exc})") from None
     if not isinstance(body, dict):

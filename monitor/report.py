@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
@@ -27,6 +26,7 @@ from monitor.model import (
     speedup,
 )
 from monitor.protocol import Message, Plan, Started
+from monitor.text import took_text, utc_text
 
 
 def _format_seconds(seconds: float) -> str:
@@ -183,7 +183,7 @@ def render_history(runs: Sequence[Run]) -> str:
         return "no runs recorded yet"
     lines = [f"{'started (UTC)':<20} {'took':>7}  {'kind':<7} {'result':<8} crossovers; devices"]
     for run in runs:
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run.started_at))
+        started = utc_text(run.started_at, "%Y-%m-%d %H:%M:%S")
         crossovers = ", ".join(
             f"{gpu} {mode} {size:.0f}" if size is not None else f"{gpu} {mode} {state}"
             for gpu, mode, state, size in run.crossovers
@@ -191,7 +191,7 @@ def render_history(runs: Sequence[Run]) -> str:
         devices = ", ".join(
             f"{device} {state}" + (f" ({reason})" if reason else "") for device, state, reason in run.devices
         )
-        took = f"{run.finished_at - run.started_at:.1f}s"
+        took = took_text(run.started_at, run.finished_at)
         details = "; ".join(part for part in (crossovers, devices) if part) or "-"
         lines.append(f"{started:<20} {took:>7}  {run.kind:<7} {run.result:<8} {details}")
         if run.reason:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import http.client
-import json
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
+from monitor.codec import parse_json
 from monitor.errors import MonitorError
 from monitor.metrics import parse_exposition
 
@@ -53,7 +53,7 @@ def prometheus_query(base_url: str, expr: str, timeout_s: float) -> list[dict[st
     url = f"{base_url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
     text = fetch_text(url, timeout_s, what="--prometheus.url")
     try:
-        body = json.loads(text)
+        body = parse_json(text)
         if body["status"] != "success":
             raise ScrapeError(f"Prometheus at {base_url} refused the query: {body.get('error', body)}")
         return list(body["data"]["result"])

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Protocol
 
@@ -73,16 +73,42 @@ class Worker(Protocol):
 Launcher = Callable[[Plan], Worker]
 
 
+WORKER_COMMAND = (sys.executable, "-m", "monitor.bench.worker")
+# The longest line read from the worker: a message is a few KiB (a point's blocks, the hardware seen); a plugin
+# or library that writes garbage (a line of hundreds of MiB, JSON nested past the parser) fails the sweep at
+# once instead of holding the daemon's memory or killing its reader thread.
+MESSAGE_CHARS = 1 << 20
+STDERR_LINE_CHARS = 4096  # of each stderr line, what is kept (the last 20 lines go into a failure's reason)
+
+
+def bounded_lines(stream: IO[str], limit: int) -> Iterator[tuple[str, bool]]:
+    """The stream's lines, each cut at ``limit`` characters: (line, whole); the rest of a cut line is read
+    and dropped in pieces of ``limit``, so no line is ever held whole."""
+    while True:
+        line = stream.readline(limit)
+        if not line:
+            return
+        if line.endswith("\n") or len(line) < limit:
+            yield line, True
+            continue
+        yield line, False
+        while True:  # the rest of the long line, thrown away
+            rest = stream.readline(limit)
+            if not rest or rest.endswith("\n"):
+                break
+
+
 class SubprocessWorker:
     """``python -m monitor.bench.worker`` in a new session (process group), plan on stdin."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, command: Sequence[str] = WORKER_COMMAND) -> None:
+        """``command``: the worker's (a test starts a program that misbehaves in its place)."""
         worker_env = dict(os.environ)
         worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter off unless asked
         # CUDA's ordinals in NVML's (PCI) order, so that the guard looks at the GPU being timed.
         worker_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "monitor.bench.worker"],
+        self._process = subprocess.Popen(  # noqa: S603 - the worker, or a test's stand-in for it
+            list(command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -111,7 +137,11 @@ class SubprocessWorker:
         return self._process.pid
 
     def _read_stdout(self, stream: IO[str]) -> None:
-        for line in stream:
+        for line, whole in bounded_lines(stream, MESSAGE_CHARS):
+            if not whole:
+                cut = f"{line[:80]!r}…"
+                self._messages.put(Fatal(f"the worker wrote a line longer than {MESSAGE_CHARS} characters: {cut}"))
+                continue
             try:
                 self._messages.put(decode(line))
             except ProtocolError as exc:
@@ -119,9 +149,10 @@ class SubprocessWorker:
         self._messages.put(END_OF_STREAM)
 
     def _read_stderr(self, stream: IO[str]) -> None:
-        for line in stream:
-            self._stderr.append(line.rstrip())
-            log.debug("worker: %s", line.rstrip())
+        for line, whole in bounded_lines(stream, STDERR_LINE_CHARS):
+            text = line.rstrip() if whole else f"{line}… (cut at {STDERR_LINE_CHARS} characters)"
+            self._stderr.append(text)
+            log.debug("worker: %s", text)
 
     def next_message(self, timeout: float) -> Message | EndOfStream | None:
         try:

@@ -391,3 +391,48 @@ def test_a_served_state_of_format_2_restores_its_n1_point_under_the_new_role(tmp
     restored = RunHistory.open(tmp_path, keep_runs=10).restore()
     assert restored is not None
     assert restored[0].latest == served
+
+
+def test_a_history_nested_too_deep_or_with_odd_columns_starts_the_service_and_lists_the_rows(tmp_path: Path) -> None:
+    """Issue 34 #5: a served state nested deeper than the JSON parser goes, a row with a text start time and one
+    with deeply nested devices. The service starts without the state (not a RecursionError crash loop), its
+    page answers, and `history` lists each row with why it cannot be read."""
+    state = tmp_path / "state"
+    history = RunHistory.open(state, keep_runs=10)
+    for outcome in (SUCCESS, FAILED, SUCCESS):
+        assert history.record("sweep", outcome, served_after(outcome), "torch")
+    history.close()
+    deep = "[" * 100_000 + "]" * 100_000
+    with sqlite3.connect(state / FILE_NAME) as db:
+        db.execute(
+            "UPDATE served SET state = ? WHERE id = 1",
+            (json.dumps({"format": SERVED_FORMAT})[:-1] + f', "served": {deep}}}',),
+        )
+        first, second, third = (row[0] for row in db.execute("SELECT id FROM runs ORDER BY id"))
+        db.execute("UPDATE runs SET started_at = 'yesterday' WHERE id = ?", (first,))
+        db.execute("UPDATE runs SET devices = ? WHERE id = ?", (deep, second))
+        db.execute("UPDATE runs SET finished_at = 1e300 WHERE id = ?", (third,))
+    db.close()
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", "history", "--directory", str(state)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "this row cannot be read (run.started_at: expected a finite number, got 'yesterday')" in done.stdout
+    assert "this row's details cannot be read (JSON nested too deeply to read)" in done.stdout
+    assert "Traceback" not in done.stderr
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    service = RunningService(run_dir, fake_config() + f"history: {{directory: {state}}}\n")
+    try:
+        service.wait_for(lambda: service.get("/")[0] == 200, 30, "the landing page")
+        status, _, page = service.get("/")
+        assert status == 200
+        assert "this row cannot be read" in page
+        assert "cannot be read (JSON nested too deeply to read); starting without it" in service.logs()
+    finally:
+        assert service.stop() == 0
+    assert "Traceback" not in service.log.read_text()

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import os
+import sys
 import threading
 import time
+import tracemalloc
+from collections.abc import Callable
 
 import pytest
 
 from monitor.model import CrossoverState, Snapshot, SweepResult
 from monitor.protocol import Plan
-from monitor.sweep import SubprocessWorker, Worker, run_sweep
+from monitor.sweep import MESSAGE_CHARS, SubprocessWorker, Worker, bounded_lines, run_sweep
 from tests.conftest import make_plan, with_bench
 
 
@@ -175,3 +179,51 @@ def test_tensorflow_refuses_a_gpu_this_machine_lacks() -> None:
     assert failure.device == "/GPU:0"
     assert failure.fatal
     assert "no such device" in failure.reason
+
+
+def _misbehaving(script: str) -> Callable[[Plan], Worker]:
+    """A program in the worker's place that writes what ``script`` writes (fault injection)."""
+    return lambda plan: SubprocessWorker(plan, command=(sys.executable, "-c", script))
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        # JSON nested past the parser: the reader thread used to die of a RecursionError, the sweep waited its deadline.
+        ("print('[' * 200_000, flush=True); import time; time.sleep(60)", "not JSON (JSON nested too deeply to read)"),
+        # A 64 MiB line with no end on stdout: read in pieces, never held whole.
+        (
+            "import sys, time; sys.stdout.write('x' * (64 << 20)); sys.stdout.flush(); time.sleep(60)",
+            f"the worker wrote a line longer than {MESSAGE_CHARS} characters",
+        ),
+    ],
+)
+def test_a_worker_that_writes_garbage_fails_the_sweep_at_once_saying_why(script: str, said: str) -> None:
+    """Issue 34 #7: the sweep fails as soon as the line is read, not at its deadline, and says why."""
+    started = time.monotonic()
+    outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
+    assert outcome.result is SweepResult.FAILED
+    assert said in outcome.reason
+    assert time.monotonic() - started < 30
+
+
+def test_a_worker_stderr_line_without_an_end_is_kept_cut_and_the_sweep_goes_on() -> None:
+    """Issue 34 #7: 256 MiB on stderr without a newline is read in pieces; what the failure reason keeps of it
+    is cut to a few KiB, and the daemon's reader holds no more than a piece at a time."""
+    script = (
+        "import sys\n"
+        "chunk = 'e' * (1 << 20)\n"
+        "for _ in range(256): sys.stderr.write(chunk)\n"
+        "sys.stderr.write('\\nthe end\\n'); sys.stderr.flush(); sys.exit(3)\n"
+    )
+    tracemalloc.start()
+    try:
+        outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.result is SweepResult.FAILED
+    assert "the end" in outcome.reason
+    assert peak < 32 << 20  # the whole line would be 256 MiB
+    lines = list(bounded_lines(io.StringIO("a" * 10 + "\nshort\n" + "b" * 25), 8))
+    assert lines == [("aaaaaaaa", False), ("short\n", True), ("bbbbbbbb", False)]
