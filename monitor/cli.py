@@ -32,8 +32,11 @@ from monitor.nodecheck import DEFAULT_MAX_AGE_S, Check
 from monitor.protocol import Plan
 from monitor.report import Progress, render_history, render_history_json, render_json, render_table
 from monitor.settings import DEFAULT_PORT, Settings
+from monitor.text import brief
 
 log = logging.getLogger("monitor")
+
+NODE_CHECK_MESSAGE_CHARS = 500  # one line: node-problem-detector keeps the start of it
 
 
 def _shared_options() -> argparse.ArgumentParser:
@@ -238,7 +241,8 @@ def _node_check(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - exit 1 would set the condition: a bug of ours is "unknown"
         print(f"unknown: node-check failed: {type(exc).__name__}: {exc}")
         return int(Status.UNKNOWN)
-    print(verdict.message)  # node-problem-detector takes standard output as the condition's message
+    # node-problem-detector takes the first line of standard output as the condition's message.
+    print(brief(" ".join(verdict.message.split()), NODE_CHECK_MESSAGE_CHARS))
     return int(verdict.status)
 
 

@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable, Sequence
+import math
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from monitor.metrics import BUILD_INFO, DEVICE_INFO, DEVICE_UP, DEVICE_WITHHELD, LAST_SUCCESS
 from monitor.scrape import Sample, ScrapeError, fetch_samples, prometheus_query
+from monitor.text import brief
 
 
 class Status(enum.IntEnum):
@@ -42,12 +46,15 @@ ALERTS = {
     Check.DRIFT: ("MatmulCrossoverDrift",),
 }
 
+ALERTS_SHOWN = 5  # the condition's message is one short line (node-problem-detector cuts it)
 STALE_ALERT = "MatmulResultsStale"  # firing: what the other alerts say is old, so the answer is unknown
 
 # Without --max-age: results older than this are stale (two hours: eight sweeps at the default 15 minutes).
 # Not derived from the next sweep's time: the scheduler moves that on past every failed or skipped run, so
 # it says nothing of how old the results are.
 DEFAULT_MAX_AGE_S = 2 * 3600.0
+# A last success dated further ahead than this is not a fresh result but a clock (or a series) that is wrong.
+FUTURE_TOLERANCE_S = 300.0
 
 
 _ByName = dict[str, list[tuple[dict[str, str], float]]]  # samples by metric name
@@ -75,10 +82,15 @@ def run(request: Request, now: float) -> Verdict:
         return Verdict(Status.UNKNOWN, "unknown: drift is judged by the alert rules; give --prometheus.url")
     if not request.url and request.prometheus_url is None:
         return Verdict(Status.UNKNOWN, "unknown: nothing to ask: give --url or --prometheus.url")
+    deadline = time.monotonic() + request.timeout_s  # one for the whole check, however many requests it makes
+
+    def left() -> float:
+        return max(0.05, deadline - time.monotonic())
+
     local = Verdict(Status.OK, "")
     if request.url:  # empty: Prometheus alone (where the service cannot be reached from here)
         try:
-            local = judge_service(fetch_samples(request.url, request.timeout_s), now, request.max_age_s)
+            local = judge_service(fetch_samples(metrics_url(request.url), left()), now, request.max_age_s)
         except ScrapeError as exc:
             local = Verdict(Status.UNKNOWN, f"unknown: crossover-monitor not read: {exc}")
     if request.check is Check.DRIFT:
@@ -88,7 +100,7 @@ def run(request: Request, now: float) -> Verdict:
     if not request.instance:
         alerts = Verdict(Status.UNKNOWN, "unknown: give --instance (this node's instance label) with --prometheus.url")
     else:
-        alerts = _ask_prometheus(request.prometheus_url, ALERTS[request.check], request.instance, request.timeout_s)
+        alerts = _ask_prometheus(request.prometheus_url, ALERTS[request.check], request.instance, left)
     return combine(local, alerts)
 
 
@@ -99,8 +111,25 @@ def judge_service(samples: Iterable[Sample], now: float, max_age_s: float | None
         by_name.setdefault(name, []).append((labels, value))
     if BUILD_INFO not in by_name:
         return Verdict(Status.UNKNOWN, "unknown: the URL serves no crossover-monitor metrics")
+    odd = _odd_series(by_name)
+    if odd is not None:
+        return Verdict(Status.UNKNOWN, f"unknown: the service's metrics make no sense: {odd}")
     gpus = sorted(labels["device"] for labels, _ in by_name.get(DEVICE_INFO, []) if labels.get("kind") == "gpu")
     return _devices(by_name, gpus) or _freshness(by_name, now, max_age_s) or _working(by_name, gpus)
+
+
+def _odd_series(by_name: _ByName) -> str | None:
+    """What in the series the verdict reads no service of this project writes (a proxy's or a forger's), or None."""
+    for name in (DEVICE_INFO, DEVICE_UP, DEVICE_WITHHELD):
+        for labels, value in by_name.get(name, []):
+            if "device" not in labels:
+                return f"{name} without a device label"
+            if name != DEVICE_INFO and value not in (0.0, 1.0):
+                return f"{name}{{device={labels['device']!r}}} is {value:g}, neither 0 nor 1"
+    last = _single(by_name, LAST_SUCCESS)
+    if last is not None and not math.isfinite(last):
+        return f"{LAST_SUCCESS} is {last:g}"
+    return None
 
 
 def _devices(by_name: _ByName, gpus: list[str]) -> Verdict | None:
@@ -121,13 +150,19 @@ def _devices(by_name: _ByName, gpus: list[str]) -> Verdict | None:
 
 
 def _freshness(by_name: _ByName, now: float, max_age_s: float | None) -> Verdict | None:
-    """A verdict if no sweep succeeded, or the latest success is older than DEFAULT_MAX_AGE_S (or --max-age)."""
+    """A verdict if no sweep succeeded, or the latest success is older than DEFAULT_MAX_AGE_S (or --max-age),
+    or dated in the future (this host's clock and the service's disagree)."""
     last = _single(by_name, LAST_SUCCESS)
     if last is None:
         return Verdict(Status.UNKNOWN, "unknown: no sweep has succeeded yet")
+    if last - now > FUTURE_TOLERANCE_S:
+        ahead = _ago(last - now)
+        return Verdict(Status.UNKNOWN, f"unknown: the latest successful sweep is dated {ahead} in the future")
     limit = max_age_s if max_age_s is not None else DEFAULT_MAX_AGE_S
     if now - last > limit:
-        return Verdict(Status.UNKNOWN, f"unknown: the latest successful sweep is {_ago(now - last)} old")
+        return Verdict(
+            Status.UNKNOWN, f"unknown: the latest successful sweep is {_ago(now - last)} old (allowed {_ago(limit)})"
+        )
     return None
 
 
@@ -149,18 +184,23 @@ def combine(local: Verdict, alerts: Verdict) -> Verdict:
     return Verdict(Status.OK, "; ".join(v.message for v in (local, alerts) if v.message))
 
 
-def _ask_prometheus(base_url: str, names: Sequence[str], instance: str, timeout_s: float) -> Verdict:
+def metrics_url(url: str) -> str:
+    """The service's /metrics: a URL given as the service's base (``http://node:9437``) gets the path."""
+    return url.rstrip("/") + "/metrics" if urllib.parse.urlsplit(url).path in ("", "/") else url
+
+
+def _ask_prometheus(base_url: str, names: Sequence[str], instance: str, left: Callable[[], float]) -> Verdict:
     node = f"instance={_quoted(instance)}"
     alerts = "|".join((*names, STALE_ALERT))
     try:
         # A wrong --instance would find no alert forever: first make sure Prometheus has this node at all.
-        present = prometheus_query(base_url, f"{BUILD_INFO}{{{node}}}", timeout_s)
+        present = prometheus_query(base_url, f"{BUILD_INFO}{{{node}}}", left())
         # MatmulDeviceDown fires for a CPU too; the node's GPU conditions leave CPUs out.
         firing_expr = (
             f'ALERTS{{alertstate="firing", alertname=~"{alerts}", {node}}}'
             f' unless on (instance, device) {DEVICE_INFO}{{kind="cpu"}}'
         )
-        firing = prometheus_query(base_url, firing_expr, timeout_s) if present else []
+        firing = prometheus_query(base_url, firing_expr, left()) if present else []
     except ScrapeError as exc:
         return Verdict(Status.UNKNOWN, f"unknown: alerts not read: {exc}")
     if not present:
@@ -168,7 +208,8 @@ def _ask_prometheus(base_url: str, names: Sequence[str], instance: str, timeout_
     labels = [a.get("metric") or {} for a in firing]
     problems = sorted({_alert_text(m) for m in labels if m.get("alertname") != STALE_ALERT})
     if problems:
-        return Verdict(Status.PROBLEM, "problem: " + ", ".join(problems))
+        more = f" and {len(problems) - ALERTS_SHOWN} more" if len(problems) > ALERTS_SHOWN else ""
+        return Verdict(Status.PROBLEM, "problem: " + ", ".join(brief(p) for p in problems[:ALERTS_SHOWN]) + more)
     if firing:
         return Verdict(Status.UNKNOWN, f"unknown: {STALE_ALERT} is firing: the results are old")
     return Verdict(Status.OK, f"no {'/'.join(names)} alert")
@@ -191,5 +232,11 @@ def _single(by_name: _ByName, name: str) -> float | None:
 
 
 def _ago(seconds: float) -> str:
+    """A duration as people read one: ``45s``, ``12m``, ``3h05m``, ``12d3h``."""
+    if seconds < 60:  # noqa: PLR2004 - a minute
+        return f"{seconds:.0f}s"
     hours, minutes = divmod(int(seconds // 60), 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours}h"
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"

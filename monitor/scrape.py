@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.client
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -19,13 +20,45 @@ class ScrapeError(MonitorError):
     """The URL did not answer, or not with what was asked for; the message says which."""
 
 
-def fetch_text(url: str, timeout_s: float, *, what: str = "--url") -> str:
-    """The body of a GET of an http(s) URL as text."""
+# The most of an answer read: a node's /metrics is tens of KiB and Prometheus's answer for one node's alerts
+# a few; a server that sends more (a misconfigured proxy, a hostile one) is refused, not held in memory.
+MAX_BODY_BYTES = 16 << 20
+_CHUNK = 1 << 16
+
+
+def fetch_text(url: str, timeout_s: float, *, what: str = "--url", max_bytes: int = MAX_BODY_BYTES) -> str:
+    """The body of a GET of an http(s) URL as text, whole within ``timeout_s`` (connection, redirects, headers
+    and body together: a server that drips its answer a byte at a time would pass every per-read timeout)."""
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
         raise ScrapeError(f"{what} needs an http(s):// URL such as http://localhost:9437/metrics, got {url!r}")
+    outcome: list[str | BaseException] = []
+
+    def fetch() -> None:
+        try:
+            outcome.append(_get(url, timeout_s, max_bytes))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+            outcome.append(exc)
+
+    # A daemon thread: one the deadline leaves behind ends with the command, which is about to exit.
+    fetcher = threading.Thread(target=fetch, name="fetch", daemon=True)
+    fetcher.start()
+    fetcher.join(timeout_s)
+    if not outcome:
+        raise ScrapeError(f"cannot fetch {url}: too slow: no whole answer within {timeout_s:.3g}s")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _get(url: str, timeout_s: float, max_bytes: int) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 - scheme checked above
-            return str(response.read().decode("utf-8"))
+            body = bytearray()
+            while chunk := response.read1(_CHUNK):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ScrapeError(f"cannot fetch {url}: too large: more than {max_bytes >> 20} MiB")
+            return body.decode("utf-8")
     except UnicodeDecodeError:
         raise ScrapeError(f"{url} did not answer with text: the body is not UTF-8") from None
     except urllib.error.HTTPError as exc:

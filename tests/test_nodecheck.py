@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,10 +102,182 @@ def test_results_left_old_by_failing_sweeps_are_unknown_though_the_next_sweep_is
         ("matmul_sweep_next_timestamp_seconds", {}, now + 300),
     ]
     assert judge_service(samples, now, None) == Verdict(
-        Status.UNKNOWN, "unknown: the latest successful sweep is 3h00m old"
+        Status.UNKNOWN, "unknown: the latest successful sweep is 3h00m old (allowed 2h00m)"
     )
     assert judge_service(samples, now, 4 * 3600).status is Status.OK
     assert judge_service(samples, now - 3 * 3600 + 60, None).message.startswith("ok: /GPU:0 working, swept ")
+
+
+_GOOD = {
+    "matmul_monitor_build_info": '{version="x"} 1',
+    "matmul_device_info": '{device="/CPU:0",kind="cpu"} 1\nmatmul_device_info{device="/GPU:0",kind="gpu"} 1',
+    "matmul_device_up": '{device="/CPU:0"} 1\nmatmul_device_up{device="/GPU:0"} 1',
+    "matmul_sweep_last_success_timestamp_seconds": " {now}",
+}
+
+
+def _exposition(**replaced: str) -> str:
+    series = {**_GOOD, **replaced}
+    return "".join(f"{name}{value}\n" for name, value in series.items() if value)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (_exposition(), "ok: /GPU:0 working"),
+        (
+            _exposition(matmul_device_up='{device="/CPU:0"} 1\nmatmul_device_up{device="/GPU:0"} NaN'),
+            "unknown: the service's metrics make no sense: matmul_device_up{device='/GPU:0'} is nan, neither 0 nor 1",
+        ),
+        (
+            _exposition(matmul_device_up='{device="/CPU:0"} 1\nmatmul_device_up{device="/GPU:0"} -1'),
+            "unknown: the service's metrics make no sense: matmul_device_up{device='/GPU:0'} is -1, neither 0 nor 1",
+        ),
+        (
+            _exposition(matmul_device_up='{device="/CPU:0"} 1\nmatmul_device_up{gpu="/GPU:0"} 1'),
+            "unknown: the service's metrics make no sense: matmul_device_up without a device label",
+        ),
+        (
+            _exposition(matmul_sweep_last_success_timestamp_seconds=" +Inf"),
+            "unknown: the service's metrics make no sense: matmul_sweep_last_success_timestamp_seconds is inf",
+        ),
+        (
+            _exposition(matmul_sweep_last_success_timestamp_seconds=" {ten_days_ahead}"),
+            "unknown: the latest successful sweep is dated 10d0h in the future",
+        ),
+        (
+            _exposition(matmul_sweep_last_success_timestamp_seconds=" 1e300"),
+            "unknown: the latest successful sweep is dated ",
+        ),
+    ],
+)
+def test_node_check_on_metrics_no_service_writes_says_unknown_in_plain_words(body: str, said: str) -> None:
+    """Issue 34 #10: NaN or -1 for up, a missing device label, non-finite or future times, served by a real
+    HTTP server: never "working", never an internal error's wording, one line, exit 2."""
+    now = time.time()
+    text = body.replace("{now}", f"{now - 60:.0f}").replace("{ten_days_ahead}", f"{now + 10 * 86400 + 30:.0f}")
+    with _serving(text) as url:
+        status, message = node_check("--url", url)
+    assert message.startswith(said), message
+    assert status == (0 if said.startswith("ok") else 2)
+    assert "\n" not in message
+
+
+@contextlib.contextmanager
+def _serving(body: str) -> Iterator[str]:
+    """A real HTTP server on loopback that answers every GET with ``body`` as a Prometheus text exposition."""
+
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        _reply(handler, body.encode())
+
+    with _server(answer) as base:
+        yield f"{base}/metrics"
+
+
+def _reply(handler: http.server.BaseHTTPRequestHandler, data: bytes, content_type: str = "text/plain") -> None:
+    handler.send_response(200)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
+@contextlib.contextmanager
+def _server(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A real HTTP server on loopback whose every GET ``answer`` handles; its base URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with contextlib.suppress(OSError):  # the client gave up (the point of several tests)
+                answer(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _drip(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """Headers, then a byte a second for a minute: every read is within any per-read timeout."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.end_headers()
+    for _ in range(60):
+        handler.wfile.write(b"#")
+        handler.wfile.flush()
+        time.sleep(1)
+
+
+def _flood(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """600 MB of comment lines, as fast as the client reads."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.send_header("Content-Length", str(600 << 20))
+    handler.end_headers()
+    chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
+    for _ in range(600):
+        handler.wfile.write(chunk)
+
+
+def _redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", target)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    return answer
+
+
+def test_node_check_against_a_server_that_drips_floods_or_redirects_stops_at_its_timeout() -> None:
+    """Issue 34 #6: one deadline for the whole request and a cap on the body; exit 2 in one line."""
+    with _server(_drip) as drip, _server(_flood) as flood:
+        for url, said in (
+            (f"{drip}/metrics", "too slow: no whole answer within 2s"),
+            (f"{flood}/metrics", "too large: more than 16 MiB"),
+        ):
+            started = time.monotonic()
+            status, message = node_check("--url", url, "--timeout", "2s")
+            assert status == 2, message
+            assert said in message
+            assert time.monotonic() - started < 15  # a Python start, then the 2 s
+        with _server(_redirect_to(f"{flood}/metrics")) as redirect:
+            status, message = node_check("--url", f"{redirect}/metrics", "--timeout", "5s")
+        assert status == 2
+        assert "too large" in message
+
+
+def test_node_check_names_five_alerts_of_100000_in_one_line_and_reads_a_base_url() -> None:
+    """Issue 34 #6 and issue 35: Prometheus answering 100,000 firing alerts gives one short line (it was a
+    100 MB first line); the service given by its base URL is read at /metrics."""
+    firing = [
+        {"metric": {"alertname": "MatmulCrossoverDrift", "gpu": f"/GPU:{i}", "mode": "compute"}, "value": [0, "1"]}
+        for i in range(100_000)
+    ]
+    present = [{"metric": {"__name__": "matmul_monitor_build_info"}, "value": [0, "1"]}]
+
+    def prometheus(handler: http.server.BaseHTTPRequestHandler) -> None:
+        result = firing if "ALERTS" in urllib.parse.unquote(handler.path) else present
+        body = {"status": "success", "data": {"resultType": "vector", "result": result}}
+        _reply(handler, json.dumps(body).encode(), "application/json")
+
+    now = time.time()
+    with _serving(_exposition().replace("{now}", f"{now - 60:.0f}")) as metrics, _server(prometheus) as prom:
+        base = metrics.removesuffix("/metrics")
+        args = ("--check", "drift", "--prometheus.url", prom, "--instance", "node-1:9437", "--timeout", "20s")
+        status, message = node_check("--url", base, *args)
+    assert status == 1
+    assert message.startswith("problem: MatmulCrossoverDrift (/GPU:0 compute), ")
+    assert message.endswith(" and 99995 more")
+    assert len(message) < 500
 
 
 # -- against the real service ----------------------------------------------------------------------
@@ -137,7 +313,9 @@ def test_no_service_no_sweep_yet_and_stale_results_are_unknown(start: StartServi
     done.wait_for_sweeps("success")
     time.sleep(2)
     status, message = node_check("--url", f"{done.url}/metrics", "--max-age", "1s")
-    assert (status, message) == (2, "unknown: the latest successful sweep is 0m old")
+    assert status == 2
+    assert message.startswith("unknown: the latest successful sweep is ")
+    assert message.endswith("s old (allowed 1s)")  # seconds, not "0m"
 
 
 def test_bad_flags_are_unknown_with_the_reason() -> None:
