@@ -259,7 +259,9 @@ class Service:
         finally:
             self.stop()
             for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                # Stopped, the process is on its way out: a late SIGHUP or SIGTERM (a reload storm, a second
+                # stop) whose default action is restored would kill it, and its exit would read as a crash.
+                signal.signal(sig, signal.SIG_IGN if handler == signal.SIG_DFL else handler)
         return 0
 
     def stop(self) -> None:

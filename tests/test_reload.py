@@ -112,6 +112,28 @@ def test_a_burst_of_signals_is_coalesced_and_sigterm_still_stops_it(service: Run
     assert "monitor.daemon: stopping" in service.logs()
 
 
+def test_sigterm_in_a_sighup_storm_exits_0(service: RunningService) -> None:
+    """Issue 34 #12: SIGTERM while SIGHUPs keep coming stopped the service, then a SIGHUP arriving after the
+    default handler was put back killed it (status -1): the exit read as a crash. Now it exits 0."""
+    storm = (
+        "import os, sys, time\n"
+        "pid, end = int(sys.argv[1]), time.monotonic() + 4\n"
+        "while time.monotonic() < end:\n"
+        "    try:\n"
+        "        os.kill(pid, 1)\n"
+        "    except ProcessLookupError:\n"
+        "        break\n"
+    )
+    sender = subprocess.Popen([sys.executable, "-c", storm, str(service.process.pid)])
+    try:
+        time.sleep(1)
+        service.process.send_signal(signal.SIGTERM)
+        assert service.process.wait(timeout=15) == 0
+    finally:
+        sender.wait(timeout=15)
+    assert "monitor.daemon: stopped" in service.logs()
+
+
 def test_simultaneous_sweep_requests_get_one_yes_per_sweep(tmp_path: Path) -> None:
     """Issue 18 #8: eight POST /-/sweep at once while idle got two 202s for one sweep."""
     running = RunningService(tmp_path, fake_config(), extra=("--web.enable-lifecycle",))

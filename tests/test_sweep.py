@@ -201,7 +201,8 @@ def _misbehaving(script: str) -> Callable[[Plan], Worker]:
 def test_a_worker_that_writes_garbage_fails_the_sweep_at_once_saying_why(script: str, said: str) -> None:
     """Issue 34 #7: the sweep fails as soon as the line is read, not at its deadline, and says why."""
     started = time.monotonic()
-    outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
+    plan = make_plan("tests.fakes:curve")
+    outcome = run_sweep(plan, timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
     assert outcome.result is SweepResult.FAILED
     assert said in outcome.reason
     assert time.monotonic() - started < 30
@@ -218,7 +219,8 @@ def test_a_worker_stderr_line_without_an_end_is_kept_cut_and_the_sweep_goes_on()
     )
     tracemalloc.start()
     try:
-        outcome = run_sweep(make_plan("tests.fakes:curve"), timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
+        plan = make_plan("tests.fakes:curve")
+        outcome = run_sweep(plan, timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
