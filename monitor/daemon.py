@@ -23,7 +23,7 @@ from monitor import __version__, page, systemd
 from monitor.carry import Wanted
 from monitor.coordinator import SweepCoordinator
 from monitor.errors import ConfigError, StartupError
-from monitor.history import HistoryUnavailable, RunHistory
+from monitor.history import HistoryBusy, HistoryUnavailable, RunHistory
 from monitor.metrics import render_state
 from monitor.model import BUILTIN_BACKENDS, ServiceState
 from monitor.page import SweepPicture
@@ -178,10 +178,17 @@ class Service:
         return came
 
     def _landing_page(self) -> str:
-        runs = self._history.recent(20) if self._history is not None else None
+        runs, problem = None, ""
+        if self._history is not None:
+            try:
+                runs = self._history.recent(20)
+            except HistoryBusy as exc:  # another process's lock: the page does not wait for it
+                problem = f"{self._history.path} {exc}"
         state = self.read_state()
         picture = self._picture.look(state).state  # the page's visitor will ask for it: start drawing now
-        return page.render(self._settings, state, runs, picture=picture, now=time.time(), version=__version__)
+        return page.render(
+            self._settings, state, runs, picture=picture, now=time.time(), version=__version__, history_problem=problem
+        )
 
     def _reload_requested_over_http(self) -> tuple[bool, str]:
         """POST /-/reload: the same as SIGHUP, answered with the outcome."""

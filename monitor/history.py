@@ -119,6 +119,25 @@ class HistoryUnavailable(Exception):
     """The history cannot be opened at all (e.g. the directory cannot be made); the service runs without it."""
 
 
+class HistoryBusy(HistoryUnavailable):
+    """Another process holds the file locked (or it cannot be read just now): tried again later, never taken
+    for a damaged file."""
+
+
+# How long a write waits for another process's lock before the run is kept for the next write, and a read for
+# the landing page before it says the history is busy: neither may hold the sweep or the HTTP threads.
+WRITE_WAIT_S = 2.0
+READ_WAIT_S = 0.25
+_TRANSIENT = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR}  # primary result codes
+
+
+def _transient(exc: sqlite3.Error) -> bool:
+    """A lock held by another process, or an I/O error (the file is not damaged for it, and a new file on
+    the same disk would fare no better): try again later."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in _TRANSIENT
+
+
 class RunHistory:
     """The SQLite file; every method is safe from any thread."""
 
@@ -126,7 +145,8 @@ class RunHistory:
         self.path = path
         self._keep_runs = keep_runs
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(path, timeout=WRITE_WAIT_S, isolation_level=None, check_same_thread=False)
+        self._pending: list[tuple[Any, ...]] = []  # run rows a busy file kept out, written with the next record
         self._identity = _identity(path)  # the file this connection has open, to tell a replaced one
 
     @classmethod
@@ -137,7 +157,11 @@ class RunHistory:
         except OSError as exc:
             raise HistoryUnavailable(f"cannot make {directory}: {exc.strerror or exc}") from None
         path = directory / FILE_NAME
-        problem = _problem_with(path)
+        try:
+            problem = _problem_with(path)
+        except HistoryBusy as exc:  # looked at again before every record
+            log.warning(f"run history: {path} {exc}; opening it as it is")
+            problem = None
         if problem is not None:
             aside = _move_aside(path, problem)
             log.warning(f"run history: {path} {problem}; moved it to {aside.name} and started a new history")
@@ -176,14 +200,14 @@ class RunHistory:
             except HistoryUnavailable as exc:
                 log.error(f"run history: {exc}; runs are not recorded until it is fixed")  # noqa: TRY400 - no traceback
                 return
-        fresh = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        fresh = sqlite3.connect(self.path, timeout=WRITE_WAIT_S, isolation_level=None, check_same_thread=False)
         try:
             self._db.backup(fresh)
             kept = "the history held open"
         except sqlite3.Error as exc:  # overwritten in place: what was open is damaged too
             fresh.close()
             Path(self.path).unlink(missing_ok=True)
-            fresh = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+            fresh = sqlite3.connect(self.path, timeout=WRITE_WAIT_S, isolation_level=None, check_same_thread=False)
             kept = f"a new history (the one held open could not be read: {exc})"
         self._db.close()
         self._db = fresh
@@ -251,36 +275,66 @@ class RunHistory:
         row = _run_row(kind, outcome, now, reason)
         try:
             with self._lock:
-                problem = self._still_ours()
-                if problem is not None:
-                    self._recover(problem)
-                db = self._db
-                db.execute("BEGIN IMMEDIATE")
+                rows = [*self._pending, row][-self._keep_runs :]
+                self._pending = []
                 try:
-                    db.execute(
-                        "INSERT INTO runs (kind, started_at, finished_at, result, reason, devices, crossovers)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        row,
-                    )
-                    db.execute("DELETE FROM runs WHERE id <= (SELECT max(id) FROM runs) - ?", (self._keep_runs,))
-                    db.execute(
-                        "INSERT OR REPLACE INTO served (id, state) VALUES (1, ?)",
-                        (json.dumps({"format": SERVED_FORMAT, "served": to_data(served)}),),
-                    )
-                    db.execute("COMMIT")
-                except BaseException:
-                    if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
-                        db.execute("ROLLBACK")
-                    raise
+                    self._write(rows, served)
+                except HistoryBusy as exc:
+                    self._pending = rows
+                    log.warning(f"run history: {self.path} {exc}; the {kind} is kept and recorded with the next")
+                    return False
         except (sqlite3.Error, OSError) as exc:  # a full disk, say: the service goes on from memory
             log.error(f"run history: could not record the {kind} in {self.path}: {_why(exc, self.path)}")  # noqa: TRY400 - no traceback for a full disk
             return False
         return True
 
+    def _write(self, rows: list[tuple[Any, ...]], served: _Served) -> None:
+        """The rows and the served state in one transaction, under the lock; HistoryBusy where another
+        process holds the file."""
+        problem = self._still_ours()
+        if problem is not None:
+            self._recover(problem)
+        db = self._db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _transient(exc):
+                raise HistoryBusy(f"is busy ({exc})") from None
+            raise
+        try:
+            db.executemany(
+                "INSERT INTO runs (kind, started_at, finished_at, result, reason, devices, crossovers)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            db.execute("DELETE FROM runs WHERE id <= (SELECT max(id) FROM runs) - ?", (self._keep_runs,))
+            db.execute(
+                "INSERT OR REPLACE INTO served (id, state) VALUES (1, ?)",
+                (json.dumps({"format": SERVED_FORMAT, "served": to_data(served)}),),
+            )
+            db.execute("COMMIT")
+        except BaseException as exc:
+            if db.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.OperationalError) and _transient(exc):
+                raise HistoryBusy(f"is busy ({exc})") from None
+            raise
+
     def recent(self, limit: int) -> list[Run]:
-        """The latest ``limit`` runs, newest first."""
-        with self._lock:
-            return _recent(self._db, limit)
+        """The latest ``limit`` runs, newest first; HistoryBusy rather than a wait of more than READ_WAIT_S
+        (another process's lock, or a record waiting on one)."""
+        if not self._lock.acquire(timeout=READ_WAIT_S):
+            raise HistoryBusy("is busy: a record is waiting for another process's lock on it")
+        try:
+            self._db.execute(f"PRAGMA busy_timeout = {int(READ_WAIT_S * 1000)}")
+            try:
+                return _recent(self._db, limit)
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout = {int(WRITE_WAIT_S * 1000)}")
+        except sqlite3.Error as exc:
+            raise HistoryBusy(f"cannot be read just now ({exc})") from None
+        finally:
+            self._lock.release()
 
 
 def read_recent(directory: Path, limit: int) -> list[Run]:
@@ -399,7 +453,7 @@ def _problem_with(path: Path, *, ours: bool = False) -> str | None:
     if not path.exists():
         return None
     try:
-        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)) as db:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=WRITE_WAIT_S)) as db:
             application_id = db.execute("PRAGMA application_id").fetchone()[0]
             version = db.execute("PRAGMA user_version").fetchone()[0]
             tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -411,6 +465,8 @@ def _problem_with(path: Path, *, ours: bool = False) -> str | None:
             if check != "ok":
                 return f"is corrupt ({check})"
     except sqlite3.DatabaseError as exc:
+        if _transient(exc):
+            raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
         return f"is not a readable database ({exc})"
     return None
 

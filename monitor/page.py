@@ -60,8 +60,9 @@ def render(
     picture: PictureState,
     now: float,
     version: str,
+    history_problem: str = "",
 ) -> str:
-    """The whole page."""
+    """The whole page; ``history_problem``: why the run history could not be read for it (then ``runs`` is None)."""
     bench = settings.benchmark
     schedule = settings.schedule
     cadence = f"cron {schedule.cron}" if schedule.cron else f"every {schedule.interval_s:g} s"
@@ -106,7 +107,7 @@ def render(
             "<p id='no-picture'>Install the plot extra for a picture: pip install 'crossover-monitor[plot]'.</p>"
         )
     parts.append("<h2>Recent runs</h2>")
-    parts += _runs(state, runs)
+    parts += _runs(state, runs, history_problem)
     parts.append("</body></html>")
     return "\n".join(parts)
 
@@ -150,10 +151,14 @@ def _crossovers(state: ServiceState) -> list[str]:
     return [*rows, *problem, *withheld]
 
 
-def _runs(state: ServiceState, runs: Sequence[Run] | None) -> list[str]:
-    if runs is None:  # no history: the latest attempt is all there is
+def _runs(state: ServiceState, runs: Sequence[Run] | None, history_problem: str = "") -> list[str]:
+    if runs is None:  # no history (or none readable now): the latest attempt is all there is
         outcome = state.last_outcome
-        note = "<p>No run history (set history.directory): the latest run only.</p>"
+        note = (
+            f"<p>The run history cannot be read just now: {_e(history_problem)}. The latest run only.</p>"
+            if history_problem
+            else "<p>No run history (set history.directory): the latest run only.</p>"
+        )
         if outcome is None:
             return [note, "<p>None yet.</p>"]
         runs = [_as_run(outcome)]

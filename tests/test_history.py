@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -436,3 +437,55 @@ def test_a_history_nested_too_deep_or_with_odd_columns_starts_the_service_and_li
     finally:
         assert service.stop() == 0
     assert "Traceback" not in service.log.read_text()
+
+
+LOCK_HOLDER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA locking_mode=EXCLUSIVE")
+db.execute("BEGIN EXCLUSIVE")
+db.execute("UPDATE served SET state = state WHERE id = 1")  # a write: the lock is taken now
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+db.close()
+"""
+
+
+def test_a_history_another_process_holds_locked_holds_up_nothing_and_loses_no_run(tmp_path: Path) -> None:
+    """Issue 34 #4: another process held the file in an exclusive transaction: /metrics took up to 9.7 s (the
+    page's history read held the handler threads), sweeps were skipped, and once the lock went the healthy
+    file was declared unreadable and moved aside. Now nothing waits more than a moment, the runs made meanwhile
+    are recorded once the lock is gone, and the file stays where it is."""
+    state = tmp_path / "state"
+    service = RunningService(tmp_path, fake_config(interval="2s") + f"history: {{directory: {state}}}\n")
+    try:
+        service.wait_for_sweeps("success", 1)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", LOCK_HOLDER, str(state / FILE_NAME), "8"], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "locked"
+        slowest = 0.0
+        pages = []
+        while holder.poll() is None:
+            for path in ("/metrics", "/"):
+                began = time.monotonic()
+                status, _, body = service.get(path)
+                slowest = max(slowest, time.monotonic() - began)
+                assert status == 200
+                if path == "/":
+                    pages.append(body)
+            time.sleep(0.2)
+        sweeps_then = service.scrape()[("matmul_sweeps_total", frozenset({("result", "success")}))]
+        service.wait_for_sweeps("success", int(sweeps_then) + 1)  # one more, recorded after the lock went
+    finally:
+        assert service.stop() == 0
+    assert slowest < 2.0  # a page waits READ_WAIT_S at most for the history, never the writer's lock
+    assert all("Recent runs" in page for page in pages)
+    assert not list(state.glob(f"{FILE_NAME}.bad-*"))
+    logs = service.log.read_text()
+    assert "moved it to" not in logs
+    assert "is kept and recorded with the next" in logs
+    recorded = sum(run.result == "success" for run in read_recent(state, 1000))
+    assert recorded >= int(sweeps_then)

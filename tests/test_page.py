@@ -170,6 +170,23 @@ def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
     alone = Elements()
     alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=NO_PLOT, now=0.0, version="x"))
     assert alone.tables["runs"][1][2:] == ["sweep", "timeout", "deadline passed"]
+    # A history another process holds locked: the page says so and shows the latest outcome, it does not wait.
+    busy = page.render(
+        Settings(),
+        ServiceState(last_outcome=outcome),
+        None,
+        picture=NO_PLOT,
+        now=0.0,
+        version="x",
+        history_problem="/var/lib/h.sqlite3 is busy (database is locked)",
+    )
+    assert "The run history cannot be read just now: /var/lib/h.sqlite3 is busy (database is locked)." in busy
+    assert "set history.directory" not in busy
+    # A row whose times could not be read shows them as unknown.
+    unreadable = dataclasses.replace(run, started_at=None, finished_at=None, reason="this row cannot be read (…)")
+    odd = Elements()
+    odd.feed(page.render(Settings(), ServiceState(), [unreadable], picture=NO_PLOT, now=0.0, version="x"))
+    assert odd.tables["runs"][1][:2] == ["–", "?"]
 
 
 def _drawn(picture: page.SweepPicture, state: ServiceState) -> page.Picture:
