@@ -147,6 +147,7 @@ class RunHistory:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, timeout=WRITE_WAIT_S, isolation_level=None, check_same_thread=False)
         self._pending: list[tuple[Any, ...]] = []  # run rows a busy file kept out, written with the next record
+        self._pending_served: _Served | None = None  # and the state served after the last of them
         self._identity = _identity(path)  # the file this connection has open, to tell a replaced one
 
     @classmethod
@@ -188,7 +189,17 @@ class RunHistory:
             return f"cannot be read ({exc.strerror or exc})"
         if header != _SQLITE_HEADER:
             return "was changed by something else: it " + ("is empty (truncated)" if not header else "was overwritten")
-        problem = _problem_with(self.path, ours=True)
+        try:
+            problem = _problem_with(self.path, ours=True)
+        except HistoryBusy:
+            # A read-only connection can keep failing (an I/O error on the shared-memory index) after another
+            # process's exclusive lock went: ask through the connection this history writes with.
+            try:
+                problem = _problem_in(self._db, ours=True)
+            except sqlite3.Error as exc:
+                if _transient(exc):
+                    raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
+                problem = f"is not a readable database ({exc})"
         return None if problem is None else f"was changed by something else: it {problem}"
 
     def _recover(self, problem: str) -> None:
@@ -225,7 +236,14 @@ class RunHistory:
             db.executescript(f"BEGIN; {_SCHEMA} {marks} COMMIT;")
 
     def close(self) -> None:
+        """Close the file, after one last try at the runs a busy file kept out (they would be lost)."""
         with self._lock:
+            if self._pending and self._pending_served is not None:
+                try:
+                    self._write(self._pending, self._pending_served)
+                    self._pending = []
+                except (HistoryBusy, sqlite3.Error, OSError) as exc:
+                    log.warning(f"run history: {len(self._pending)} run(s) not recorded in {self.path}: {exc}")
             self._db.close()
 
     def restore(self) -> tuple[ServiceState, str] | None:
@@ -280,7 +298,7 @@ class RunHistory:
                 try:
                     self._write(rows, served)
                 except HistoryBusy as exc:
-                    self._pending = rows
+                    self._pending, self._pending_served = rows, served
                     log.warning(f"run history: {self.path} {exc}; the {kind} is kept and recorded with the next")
                     return False
         except (sqlite3.Error, OSError) as exc:  # a full disk, say: the service goes on from memory
@@ -449,26 +467,30 @@ def _problem_with(path: Path, *, ours: bool = False) -> str | None:
     """Why the file at ``path`` is not a usable history of this program, or None (also when it does not exist).
 
     ``ours``: the file must carry this program's mark (one it made), where an empty file would otherwise do.
+    HistoryBusy where another process's lock (or an I/O error) keeps it from being read now.
     """
     if not path.exists():
         return None
     try:
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=WRITE_WAIT_S)) as db:
-            application_id = db.execute("PRAGMA application_id").fetchone()[0]
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if application_id != APPLICATION_ID and (tables or version or ours):
-                return "is another program's database" if tables or version else "is empty (truncated)"
-            if version > SCHEMA_VERSION:
-                return f"has schema version {version}, newer than this program's {SCHEMA_VERSION}"
-            check = db.execute("PRAGMA quick_check").fetchone()[0]
-            if check != "ok":
-                return f"is corrupt ({check})"
+            return _problem_in(db, ours=ours)
     except sqlite3.DatabaseError as exc:
         if _transient(exc):
             raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
         return f"is not a readable database ({exc})"
-    return None
+
+
+def _problem_in(db: sqlite3.Connection, *, ours: bool) -> str | None:
+    """What ``_problem_with`` reads, through a connection already open; sqlite3 errors propagate."""
+    application_id = db.execute("PRAGMA application_id").fetchone()[0]
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    if application_id != APPLICATION_ID and (tables or version or ours):
+        return "is another program's database" if tables or version else "is empty (truncated)"
+    if version > SCHEMA_VERSION:
+        return f"has schema version {version}, newer than this program's {SCHEMA_VERSION}"
+    check = db.execute("PRAGMA quick_check").fetchone()[0]
+    return None if check == "ok" else f"is corrupt ({check})"
 
 
 def _upgraded(data: Any, written_as: int) -> Any:

@@ -486,6 +486,30 @@ def test_a_history_another_process_holds_locked_holds_up_nothing_and_loses_no_ru
     assert not list(state.glob(f"{FILE_NAME}.bad-*"))
     logs = service.log.read_text()
     assert "moved it to" not in logs
-    assert "is kept and recorded with the next" in logs
-    recorded = sum(run.result == "success" for run in read_recent(state, 1000))
-    assert recorded >= int(sweeps_then)
+    runs = read_recent(state, 1000)
+    recorded = sum(run.result == "success" for run in runs)
+    assert recorded >= int(sweeps_then), (runs, logs[-3000:])
+
+
+def test_a_run_a_busy_file_kept_out_is_written_with_the_next_or_at_close(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another writer holding the file's write lock: the record waits WRITE_WAIT_S, keeps the run and says so;
+    the next record writes both; a run kept at close is written then."""
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
+    other = sqlite3.connect(tmp_path / FILE_NAME, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction, held
+    with caplog.at_level(logging.WARNING):
+        assert not history.record("sweep", FAILED, served_after(SUCCESS, FAILED), "torch")
+    assert "is kept and recorded with the next" in caplog.text
+    assert "moved it" not in caplog.text
+    other.execute("COMMIT")
+    assert history.record("retry", SUCCESS, served_after(SUCCESS, FAILED, SUCCESS), "torch")
+    assert [r.result for r in history.recent(10)] == ["success", "failed", "success"]
+    other.execute("BEGIN IMMEDIATE")
+    assert not history.record("sweep", FAILED, served_after(SUCCESS, FAILED, SUCCESS, FAILED), "torch")
+    other.execute("COMMIT")
+    other.close()
+    history.close()
+    assert [r.result for r in read_recent(tmp_path, 10)] == ["failed", "success", "failed", "success"]
