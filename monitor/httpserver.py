@@ -17,8 +17,13 @@ What a client cannot do to it (``HttpLimits``):
   count against ``max_connections`` and are cut off after ``handshake_timeout``;
 - send an oversized head or body: 431 / 413;
 - hold a slot by not reading: an answer goes out in pieces of ``_WRITE_PIECE`` (so a stalled reader holds
-  no more than a piece or two in memory), and a connection whose answer has not moved for
-  ``stalled_write_s`` may be evicted, like a waiting one, when the server is full;
+  no more than a piece or two in memory), and the next request of a connection is read only once its
+  client has acknowledged the whole answer before (the kernel's send buffer would otherwise take
+  megabytes of pipelined answers that nobody reads); a connection whose answer has not moved, or not
+  been acknowledged, for ``stalled_write_s`` may be evicted, like a waiting one, when the server is full,
+  and is closed at ``write_timeout``;
+- hold a slot with a password check: a connection waiting for its (bcrypt) check is evicted before any
+  other when the server is full, and its check dropped if it has not begun;
 - smuggle a second request: one with both Content-Length and Transfer-Encoding is refused (400) and the
   connection closed (RFC 9112 section 6.1).
 """
@@ -27,11 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import functools
 import gzip
 import http
 import logging
 import ssl
+import struct
+import termios
 import threading
 import urllib.parse
 from collections import OrderedDict, deque
@@ -52,6 +60,9 @@ _READ_CHUNK = 16384
 _GZIP_MIN_BYTES = 1024
 # An answer is written this much at a time, each piece once the one before has left (see set_write_buffer_limits).
 _WRITE_PIECE = 16384
+# Bytes written to the socket that its peer has not acknowledged (SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket).
+_UNACKNOWLEDGED = getattr(termios, "TIOCOUTQ", None)
+_ACK_POLL_S = (0.002, 0.1)  # the first and the longest wait between two looks at it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +129,7 @@ class _Connection:
     writer: asyncio.StreamWriter
     busy: bool = False
     stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
+    task: asyncio.Task[None] | None = None  # the coroutine serving it: cancelled when it is evicted
 
 
 class HttpServer:
@@ -147,8 +159,10 @@ class HttpServer:
         self._loop = asyncio.new_event_loop()
         self._pool = ThreadPoolExecutor(max_workers=self._limits.workers, thread_name_prefix="http")
         self._checks = _TakenInTurn(self._loop, gate.threads if gate is not None else 1)
-        # Connections waiting for a request head, oldest first: the ones a new connection may evict.
+        # Connections waiting for a request head, oldest first: the ones a new connection may evict, after
+        # those waiting for a password check (work a guesser makes us do).
         self._waiting: OrderedDict[_Connection, None] = OrderedDict()
+        self._checking: OrderedDict[_Connection, None] = OrderedDict()
         self._connections: set[_Connection] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="http-loop", daemon=True)
         try:
@@ -237,7 +251,9 @@ class HttpServer:
         False when every connection is busy being answered to a client that reads.
         """
         if len(self._connections) >= self._limits.max_connections:
-            if self._waiting:
+            if self._checking:
+                evicted, _ = self._checking.popitem(last=False)
+            elif self._waiting:
                 evicted, _ = self._waiting.popitem(last=False)
             else:
                 cutoff = self._loop.time() - self._limits.stalled_write_s
@@ -246,6 +262,8 @@ class HttpServer:
                     return False
                 evicted = min(stalled, key=lambda c: c.stalled_since or 0.0)
             evicted.writer.transport.abort()
+            if evicted.task is not None:  # at once: it may be waiting on a check, not on its socket
+                evicted.task.cancel()
             self._connections.discard(evicted)
         self._connections.add(connection)
         return True
@@ -257,7 +275,7 @@ class HttpServer:
             await self._serve_connection(reader, writer)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(reader, writer)
+        connection = _Connection(reader, writer, task=asyncio.current_task())
         if not self._admit(connection):
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             with contextlib.suppress(OSError):
@@ -276,6 +294,7 @@ class HttpServer:
             pass  # the client went away, failed its handshake or broke the protocol: nothing to tell it
         finally:
             self._waiting.pop(connection, None)
+            self._checking.pop(connection, None)
             self._connections.discard(connection)
             await self._close(writer)
 
@@ -319,12 +338,13 @@ class HttpServer:
             self._waiting.pop(connection, None)
             connection.busy = True
             try:
-                response = await self._admitted(request)
+                response = await self._admitted(request, connection)
                 if response is None:
                     response = await self._loop.run_in_executor(self._pool, self._answer, request)
                 await self._send(protocol, connection, response, head=request.method == "HEAD")
             finally:
                 connection.busy = False
+            await self._acknowledged(connection)  # not busy meanwhile: a stop does not wait for this client
             if protocol.our_state is h11.MUST_CLOSE or not self._server.is_serving():
                 return
             protocol.start_next_cycle()
@@ -378,19 +398,43 @@ class HttpServer:
         if int(length) > self._limits.max_body_bytes:  # h11 has checked that it is a number
             raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
 
-    async def _admitted(self, request: Request) -> Response | None:
+    async def _admitted(self, request: Request, connection: _Connection) -> Response | None:
         """None when the gate lets ``request`` in; else the answer it gets instead."""
         if self._gate is None:
             return None
         verdict = self._gate.quick(request)
         if verdict is None:
             check = functools.partial(self._gate.slow, request)
+            self._checking[connection] = None  # evicted first when the server is full
             try:
                 verdict = await asyncio.wait_for(self._checks.run(request.peer, check), self._limits.request_timeout_s)
             except TimeoutError:
                 busy = b"too many logins waiting to be checked; try again\n"
                 return Response(status=503, body=busy, headers=(("Retry-After", "5"),))
+            finally:
+                self._checking.pop(connection, None)
         return None if verdict else self._gate.refused(request)
+
+    async def _acknowledged(self, connection: _Connection) -> None:
+        """Wait until the client has acknowledged every byte written to it (TimeoutError at write_timeout):
+        the next pipelined request is not read before. The kernel takes a non-reading client's answers
+        until its send buffer is full (megabytes), so the transport alone would never show it stalled."""
+        writer = connection.writer
+        sock = writer.get_extra_info("socket")
+        if _UNACKNOWLEDGED is None or sock is None:
+            return
+        deadline = self._loop.time() + self._limits.write_timeout_s
+        pause = _ACK_POLL_S[0]
+        try:
+            while _unacknowledged(sock.fileno()) > 0:
+                if connection.stalled_since is None:
+                    connection.stalled_since = self._loop.time()  # evictable once this has lasted (see _admit)
+                if self._loop.time() + pause > deadline:
+                    raise TimeoutError
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _ACK_POLL_S[1])
+        finally:
+            connection.stalled_since = None
 
     def _answer(self, request: Request) -> Response:
         """The handler's response, gzipped when the client asks and it pays (on a pool thread)."""
@@ -493,6 +537,16 @@ class _TakenInTurn:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _unacknowledged(fd: int) -> int:
+    """Bytes written to socket ``fd`` and not yet acknowledged by its peer; 0 where that cannot be told."""
+    if _UNACKNOWLEDGED is None:
+        return 0
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, _UNACKNOWLEDGED, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
 
 
 def _plain_error(status: int, message: str) -> bytes:

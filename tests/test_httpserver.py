@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from monitor.httpserver import HttpLimits, HttpServer, Request, Response
+from monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 
 BIG = b"matmul_duration_seconds 1.0\n" * 200
 LIMITS = HttpLimits(request_timeout_s=1.0, idle_timeout_s=1.0, max_connections=16, workers=2, stop_timeout_s=2.0)
@@ -36,7 +36,10 @@ class Slow:
             return Response(status=200, body=b"x" * (4 << 20))
         if request.path == "/echo":
             return Response(status=200, body=request.body)
-        return Response(status=200 if request.path in ("/", "/slow") else 404, body=b"ok\n")
+        if request.path == "/render":  # a small answer that costs a millisecond of a handler thread
+            time.sleep(0.001)
+            return Response(status=200, body=b"m" * 2000)
+        return Response(status=200 if request.path in ("/", "/slow", "/healthz") else 404, body=b"ok\n")
 
 
 @pytest.fixture
@@ -353,3 +356,72 @@ def test_status_lines_carry_their_reason_phrase(server: HttpServer) -> None:
     assert ok.startswith(b"HTTP/1.1 200 OK\r\n"), ok[:100]
     missing = _raw(server, b"GET /nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert missing.startswith(b"HTTP/1.1 404 Not Found\r\n"), missing[:100]
+
+
+def test_pipelining_clients_that_never_read_cannot_hold_slots_the_kernel_buffers_for(slow: Slow) -> None:
+    """Issue 34 #1: connections pipelining 1,500 small answers each that they never read (4 KiB receive
+    buffer): the kernel took the answers into its send buffer as fast as the handlers made them, so every
+    connection stayed busy for seconds, none counted as stalled, and new clients got 503. Now the next request
+    is read only once the answer before was acknowledged: such a connection stalls at its first answer, and
+    after ``stalled_write_s`` a new client takes its slot."""
+    limits = HttpLimits(max_connections=12, workers=2, stalled_write_s=0.3, write_timeout_s=30)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits)
+    running.start()
+    greedy = []
+    try:
+        for _ in range(limits.max_connections + 4):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(running.address)
+            sock.sendall(b"GET /render HTTP/1.1\r\nHost: x\r\n\r\n" * 1500)  # 3 MB of answers, never read
+            greedy.append(sock)
+        time.sleep(1.0)  # working through them all would take the handlers over 10 s
+        answers = []
+        for _ in range(10):
+            began = time.monotonic()
+            answers.append((get(running, "/")[0], time.monotonic() - began < 2))
+        assert answers == [(200, True)] * 10
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in greedy:
+            sock.close()
+        running.stop()
+
+
+def test_password_guessers_cannot_take_the_slots_of_probes_or_known_clients(slow: Slow) -> None:
+    """Issue 34 #2: connections each waiting for a slow (bcrypt) check of a new wrong password could not be
+    evicted: with the server full, probes and the client whose password is cached got 503. Now a connection
+    waiting for a check is evicted first (its check dropped if not begun)."""
+    checked: list[str] = []
+
+    def quick(request: Request) -> bool | None:
+        if request.path == "/healthz" or request.header("authorization") == "Basic known":
+            return True
+        return None  # a credential never seen: the slow check
+
+    def slow_check(request: Request) -> bool:
+        checked.append(request.header("authorization") or "")
+        time.sleep(0.05)  # bcrypt's cost
+        return False
+
+    gate = Gate(quick=quick, slow=slow_check, refused=lambda _: Response(status=401), threads=2)
+    limits = HttpLimits(max_connections=16, workers=2, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits, gate=gate)
+    running.start()
+    guessers = []
+    try:
+        for guess in range(60):
+            sock = socket.create_connection(running.address, timeout=10)
+            # Twenty new passwords each, pipelined: a connection goes from one check to the next.
+            tries = (f"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic guess{guess}-{n}\r\n\r\n" for n in range(20))
+            sock.sendall("".join(tries).encode())
+            guessers.append(sock)
+        time.sleep(0.2)
+        answers = [get(running, "/healthz")[0] for _ in range(5)]
+        answers += [get(running, "/", Authorization="Basic known")[0] for _ in range(5)]
+        assert answers == [200] * 10
+        assert len(checked) < 60 * 20  # the evicted guessers' checks were dropped, not all run
+    finally:
+        for sock in guessers:
+            sock.close()
+        running.stop()
