@@ -18,16 +18,32 @@ def _fields(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
 
 
+def _one_line(value: object) -> str:
+    """``value`` with its line breaks escaped: a message that carries a client's or a file's text (a kubelet's
+    error details, a worker's stderr) must not forge a second log line for journald or a log shipper."""
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _source(record: logging.LogRecord) -> str:
+    """Where the line was logged, as Prometheus's own logs say it (``source=file:line``)."""
+    return f"{record.filename}:{record.lineno}"
+
+
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         when = dt.datetime.fromtimestamp(record.created, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"
-        extras = " ".join(f"{k}={v}" for k, v in _fields(record).items())
-        line = f"{when} {record.levelname:<7} {record.name}: {record.getMessage()}"
+        extras = " ".join(f"{k}={_one_line(v)}" for k, v in _fields(record).items())
+        line = f"{when} {record.levelname:<7} {record.name}: {_one_line(record.getMessage())}"
         if extras:
             line += " " + extras
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
+
+
+def _level(record: logging.LogRecord) -> str:
+    """The level as Prometheus 2's logs and its ``--log.level`` write it: debug, info, warn, error."""
+    return "warn" if record.levelno == logging.WARNING else record.levelname.lower()
 
 
 def _logfmt_value(value: object) -> str:
@@ -40,15 +56,17 @@ def _logfmt_value(value: object) -> str:
 
 
 class LogfmtFormatter(logging.Formatter):
-    """``time=… level=info logger=monitor msg="…" key=value``, the format Prometheus and its exporters log in."""
+    """``time=… level=info source=daemon.py:240 msg="…" logger=monitor.daemon key=value``: the keys Prometheus and
+    its exporters log with (``time``, ``level``, ``source``, ``msg``), then the logger and the line's fields."""
 
     def format(self, record: logging.LogRecord) -> str:
         when = dt.datetime.fromtimestamp(record.created, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         pairs: dict[str, object] = {
             "time": when,
-            "level": "warn" if record.levelno == logging.WARNING else record.levelname.lower(),
-            "logger": record.name,
+            "level": _level(record),
+            "source": _source(record),
             "msg": record.getMessage(),
+            "logger": record.name,
             **_fields(record),
         }
         if record.exc_info:
@@ -58,11 +76,12 @@ class LogfmtFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        body: dict[str, object] = {
+        body: dict[str, object] = {  # Prometheus's keys first, as in its JSON logs
             "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
-            "level": record.levelname.lower(),
+            "level": _level(record),
+            "source": _source(record),
+            "msg": record.getMessage(),
             "logger": record.name,
-            "event": record.getMessage(),
             **_fields(record),
         }
         if record.exc_info:

@@ -227,11 +227,32 @@ def test_logfmt_lines_parse_back_to_their_fields() -> None:
         for key, value in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)', line)
     }
     assert pairs["level"] == "warn"
+    assert pairs["source"] == "test_cli.py:1"
     assert pairs["logger"] == "monitor"
     assert pairs["msg"] == 'sweep "a"\nended'
     assert pairs["device"] == "/GPU:0"
     assert pairs["reason"] == "busy pid=12 (python)"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", pairs["time"])
+
+
+def test_json_lines_use_prometheus_keys_and_text_lines_cannot_be_forged() -> None:
+    """Issue 35: JSON logs carry Prometheus's keys (time, level, source, msg); issue 34 #11: a message holding
+    a client's text with line breaks stays one line in the text format too (no forged journald line)."""
+    import logging  # noqa: PLC0415
+
+    from monitor.logs import JsonFormatter, TextFormatter  # noqa: PLC0415
+
+    forged = "kubelet said: no\n2026-12-06T00:00:00.00Z ERROR   monitor.daemon: forged"
+    record = logging.LogRecord("monitor.guard", logging.INFO, "/x/guard.py", 7, forged, None, None)
+    record.detail = "a\nb"
+    body = json.loads(JsonFormatter().format(record))
+    assert list(body)[:5] == ["time", "level", "source", "msg", "logger"]
+    assert (body["level"], body["source"], body["msg"], body["detail"]) == ("info", "guard.py:7", forged, "a\nb")
+    line = TextFormatter().format(record)
+    assert "\n" not in line
+    assert line.endswith(
+        "monitor.guard: kubelet said: no\\n2026-12-06T00:00:00.00Z ERROR   monitor.daemon: forged detail=a\\nb"
+    )
 
 
 @pytest.mark.parametrize("spelling", [["--config"], ["--config.file"], []])
