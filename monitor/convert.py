@@ -28,8 +28,14 @@ PLUGIN_BACKEND = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 # Five whitespace-separated fields; what each may hold is APScheduler's to say (monitor/schedule.py).
 CRON_PATTERN = r"^\s*\S+(\s+\S+){4}\s*$"
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+# The duration grammar, stated once (parse_duration reads it; the JSON Schema's pattern is built from it): a
+# number as Python's float() reads it (1e3, .5, +30, 1_000), or parts like 1h30m, 250ms; spaces around.
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_UNITS = "|".join(sorted(_UNIT_SECONDS, key=len, reverse=True))  # "ms" before "m"
+_PART_TEXT = rf"(\d+(?:\.\d+)?)({_UNITS})"
+_DURATION_PART = re.compile(_PART_TEXT)
+_NUMBER_TEXT = r"[+-]?((\d(_?\d)*)(\.(\d(_?\d)*)?)?|\.\d(_?\d)*)([eE][+-]?\d(_?\d)*)?"
+DURATION_PATTERN = rf"^\s*({_NUMBER_TEXT}|({_PART_TEXT})+)\s*$"
 _LISTEN = re.compile(r"\[([^\]]+)\]:([0-9]{1,5})|([^:\[\]]*):([0-9]{1,5})")
 _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _MAX_HOST_NAME = 253

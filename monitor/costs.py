@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from monitor.model import CostModel, Measurement, curves
+from monitor.model import CostModel, Measurement, curves, matmul_flops
 
 
 def cost_models(measurements: Iterable[Measurement]) -> tuple[CostModel, ...]:
@@ -29,7 +29,7 @@ def cost_models(measurements: Iterable[Measurement]) -> tuple[CostModel, ...]:
                 dtype=key.dtype,
                 mode=key.mode,
                 fixed_s=fixed,
-                peak_flops=2.0 * largest**3 / excess if largest > 1 and excess > 0 else None,
+                peak_flops=matmul_flops(largest) / excess if largest > 1 and excess > 0 else None,
                 largest_size=largest,
             )
         )

@@ -235,6 +235,11 @@ def speedup(cpu_s: float, gpu_s: float) -> float:
     return cpu_s / gpu_s
 
 
+def matmul_flops(size: int) -> float:
+    """The floating-point operations of one n×n product (a multiply and an add per term): 2n³."""
+    return 2.0 * size**3
+
+
 @dataclass(frozen=True, kw_only=True)
 class Measurement:
     """One timed point: ``C = A @ B`` for n×n operands on one device."""
@@ -245,8 +250,7 @@ class Measurement:
 
     @property
     def flops_per_second(self) -> float:
-        n = self.key.size
-        return 2.0 * n**3 / self.timing.median_s
+        return matmul_flops(self.key.size) / self.timing.median_s
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from monitor.errors import PLOT_EXTRA_HINT
 from monitor.history import Run
 from monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, SweepResult
 from monitor.report import render_json
@@ -103,9 +104,7 @@ def render(
     elif picture is PictureState.FAILED:
         parts.append("<p id='no-picture'>The chart of this sweep could not be drawn; the service's log says why.</p>")
     else:
-        parts.append(
-            "<p id='no-picture'>Install the plot extra for a picture: pip install 'crossover-monitor[plot]'.</p>"
-        )
+        parts.append(f"<p id='no-picture'>Install the plot extra for a picture: {PLOT_EXTRA_HINT}.</p>")
     parts.append("<h2>Recent runs</h2>")
     parts += _runs(state, runs, history_problem)
     parts.append("</body></html>")

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monitor.codec import DecodeError, from_data, parse_json
-from monitor.errors import MonitorError
+from monitor.errors import PLOT_EXTRA_HINT, MonitorError
 from monitor.metrics import (
     BENCHMARK_INFO,
     CROSSOVER,
@@ -43,7 +43,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FORMATS = (".png", ".svg")
-INSTALL_HINT = "pip install 'crossover-monitor[plot]'"
 _FETCH_TIMEOUT_S = 10.0
 _LABEL_MINOR_BELOW = 100.0  # a y range (max / min) under which minor ticks get labels
 _MODE_STYLE = {"compute": ("-", "o"), "end_to_end": ("--", "s")}
@@ -200,7 +199,7 @@ def _figure_class() -> type[Figure]:
     try:
         from matplotlib.figure import Figure  # noqa: PLC0415 - matplotlib is the optional `plot` extra
     except ImportError:
-        raise PlotError(f"drawing charts needs matplotlib, which is not installed: {INSTALL_HINT}") from None
+        raise PlotError(f"drawing charts needs matplotlib, which is not installed: {PLOT_EXTRA_HINT}") from None
     return Figure
 
 

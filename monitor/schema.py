@@ -10,13 +10,10 @@ import dataclasses
 import json
 from typing import Any
 
+from monitor.convert import DURATION_PATTERN
 from monitor.settings import Key, Settings, sections, yaml_key
 
 SCHEMA_ID = "https://github.com/crossover-monitor/crossover-monitor/deploy/config.schema.json"
-# A duration as text: Python's float() forms (1e3, .5, +30, 1_000) or parts like 1h30m, 250ms;
-# surrounding spaces allowed, as the loader strips them.
-_NUMBER_TEXT = r"[+-]?((\d(_?\d)*)(\.(\d(_?\d)*)?)?|\.\d(_?\d)*)([eE][+-]?\d(_?\d)*)?"
-_DURATION_TEXT = rf"^\s*({_NUMBER_TEXT}|((\d+(\.\d+)?)(ms|s|m|h|d))+)\s*$"
 
 
 def _property(k: Key, default: Any) -> dict[str, Any]:
@@ -59,7 +56,7 @@ def config_schema() -> dict[str, Any]:
         "definitions": {
             "duration": {
                 "description": "a duration: 30s, 15m, 1h30m, 250ms or plain seconds",
-                "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": _DURATION_TEXT}],
+                "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}],
             }
         },
     }

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from monitor.errors import PLOT_EXTRA_HINT
 from monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 from monitor.metrics import exposition_type
 from monitor.model import ServiceState
@@ -142,7 +143,7 @@ _NO_PICTURE: dict[PictureState, tuple[int, bytes, tuple[tuple[str, str], ...]]] 
     PictureState.NONE: (404, b"no picture: no sweep has completed yet\n", ()),
     PictureState.UNAVAILABLE: (
         404,
-        b"no picture: the plot extra is not installed: pip install 'crossover-monitor[plot]'\n",
+        f"no picture: the plot extra is not installed: {PLOT_EXTRA_HINT}\n".encode(),
         (),
     ),
 }
