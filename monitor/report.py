@@ -36,16 +36,16 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _speedups(snapshot: Snapshot) -> dict[tuple[str, str, str, int], float]:
-    """CPU time over GPU time per (gpu device, dtype, mode, size), against the first CPU it is paired with."""
-    times = {(m.key.device, m.key.dtype, m.key.mode, m.key.size): m.timing.median_s for m in snapshot.measurements}
-    ratios: dict[tuple[str, str, str, int], float] = {}
+def _speedups(snapshot: Snapshot) -> dict[PointKey, float]:
+    """CPU time over GPU time per GPU point, against the first CPU it is paired with."""
+    times = {m.key: m.timing.median_s for m in snapshot.measurements}
+    ratios: dict[PointKey, float] = {}
     for cpu, gpus in gpu_cpu_pairs(snapshot.devices):
         paired = {g.device for g in gpus}
-        for (device, dtype, mode, size), gpu_time in times.items():
-            reference = times.get((cpu.device, dtype, mode, size))
-            if device in paired and reference is not None:
-                ratios.setdefault((device, dtype, mode, size), speedup(reference, gpu_time))
+        for where, gpu_time in times.items():
+            reference = times.get(dataclasses.replace(where, device=cpu.device))
+            if where.device in paired and reference is not None:
+                ratios.setdefault(where, speedup(reference, gpu_time))
     return ratios
 
 
@@ -81,7 +81,7 @@ def render_table(outcome: SweepOutcome) -> str:
         lines += ["", f"{device} ({names.get(device, '?')})  {dtype}  {mode}"]
         lines.append(f"{'size':>7} {'median':>10} {'IQR':>10} {'GFLOP/s':>9} {'GPU speed-up':>12}")
         for m in sorted(points, key=lambda p: p.key.size):
-            ratio = speedups.get((device, dtype, mode, m.key.size))
+            ratio = speedups.get(m.key)
             flag = ("  noisy" if m.timing.noisy else "") + (
                 "" if m.role == "sweep" else f"  ({m.role.replace('_', ' ')})"
             )

@@ -95,20 +95,24 @@ class _Session:
     withheld: set[str] = field(default_factory=set)  # busy or disturbed: nothing more is timed on it
     devices: list[DeviceInfo] = field(default_factory=list)
     timed: set[str] = field(default_factory=set)  # devices with a point timed in this sweep
-    timings: dict[tuple[str, str, Mode, int], Timing] = field(default_factory=dict)  # all visits so far
-    roles: dict[tuple[str, str, Mode, int], Role] = field(default_factory=dict)
+    timings: dict[PointKey, Timing] = field(default_factory=dict)  # all visits so far
+    roles: dict[PointKey, Role] = field(default_factory=dict)
+
+    def key(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> PointKey:
+        return PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
 
     def point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, role: Role) -> float | None:
         """Time one point (once per sweep) and emit it; its median, or None if it could not be timed."""
-        cached = self.timings.get((device.device, dtype, mode, size))
+        where = self.key(device, size, dtype, mode)
+        cached = self.timings.get(where)
         if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
             return cached.median_s if cached is not None else None
         timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.bench.timing, calls=None)
         if timing is None:
             return None
         self.timed.add(device.device)
-        self.timings[(device.device, dtype, mode, size)] = timing
-        self.roles[(device.device, dtype, mode, size)] = role
+        self.timings[where] = timing
+        self.roles[where] = role
         self._emit_point(device, size, dtype, mode)
         return timing.median_s
 
@@ -117,7 +121,7 @@ class _Session:
 
         The CPU's and a GPU's k-th visits are paired by their order, so a round must be whole.
         """
-        wheres = [(d.device, dtype, mode, size) for d in devices]
+        wheres = [self.key(d, size, dtype, mode) for d in devices]
         before = [self.timings.get(where) for where in wheres]
         for device in devices:
             self.visit(device, size, dtype, mode, visits)
@@ -131,7 +135,7 @@ class _Session:
 
     def visit(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, visits: int) -> None:
         """Time a point again (short blocks of the first visit's length) up to ``visits`` visits."""
-        where = (device.device, dtype, mode, size)
+        where = self.key(device, size, dtype, mode)
         timing = self.timings.get(where)
         if timing is None:
             self.point(device, size, dtype, mode, "refine")
@@ -147,9 +151,8 @@ class _Session:
             self._emit_point(device, size, dtype, mode)  # replaces the point's earlier message
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
-        where = (device.device, dtype, mode, size)
-        key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
-        self.emit(Measurement(key=key, timing=self.timings[where], role=self.roles[where]))
+        where = self.key(device, size, dtype, mode)
+        self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where]))
 
     def _attempt(
         self,
@@ -163,7 +166,7 @@ class _Session:
         calls: int | None,
     ) -> Timing | None:
         """One visit of a point under the guard; None if it failed (reported) or was withheld."""
-        key = PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
+        key = self.key(device, size, dtype, mode)
         self.emit(Started(key=key, role=role))
         try:
             return self._guarded(device, size, dtype, mode, settings=settings, calls=calls)
@@ -191,7 +194,7 @@ class _Session:
             if verdict is None:
                 run = self.backend.prepare(device, size, dtype, mode)
                 timings: list[Timing] = []
-                fixed = self.timings.get((device.device, dtype, mode, 1))
+                fixed = self.timings.get(self.key(device, 1, dtype, mode))
 
                 def host_share() -> float:
                     """A compute point's host side is about its fixed cost; a copy of host memory is host work too."""
@@ -255,19 +258,19 @@ class _Session:
                 )
 
     def speedup(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode, size: int) -> float | None:
-        cpu_time = self.timings.get((cpu.device, dtype, mode, size))
-        gpu_time = self.timings.get((gpu.device, dtype, mode, size))
+        cpu_time = self.timings.get(self.key(cpu, size, dtype, mode))
+        gpu_time = self.timings.get(self.key(gpu, size, dtype, mode))
         return speedup(cpu_time.median_s, gpu_time.median_s) if cpu_time is not None and gpu_time is not None else None
 
     def curve(self, cpu: DeviceInfo, gpu: DeviceInfo, dtype: str, mode: Mode) -> list[SpeedupPoint]:
         """The pair's speed-ups so far, at every size both have (the n=1 fixed-cost point aside), visits paired."""
         return [
-            speedup_point(n, timing, self.timings[(gpu.device, dt, md, n)])
-            for (device, dt, md, n), timing in self.timings.items()
-            if device == cpu.device
-            and (dt, md) == (dtype, mode)
-            and (gpu.device, dt, md, n) in self.timings
-            and self.roles[(device, dt, md, n)] != "fixed_cost"
+            speedup_point(where.size, timing, self.timings[on_gpu])
+            for where, timing in self.timings.items()
+            if where.device == cpu.device
+            and (where.dtype, where.mode) == (dtype, mode)
+            and (on_gpu := dataclasses.replace(where, device=gpu.device)) in self.timings
+            and self.roles[where] != "fixed_cost"
         ]
 
 
