@@ -20,6 +20,8 @@ class Wanted:
 
     sizes: tuple[int, ...]
     devices: tuple[str, ...] | None = None  # None: every device a sweep finds
+    modes: tuple[str, ...] | None = None  # None: every mode and dtype (what an older caller asks)
+    dtypes: tuple[str, ...] | None = None
 
 
 def served(
@@ -85,21 +87,29 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
 def trimmed(snapshot: Snapshot, wanted: Wanted) -> Snapshot:
     """The snapshot without what a (re)loaded configuration no longer asks for: those series disappear.
 
-    Sizes no longer configured lose their duration series; with devices listed, unlisted devices lose all
-    of theirs. The rest is served as it was measured until the next sweep replaces it.
+    Sizes no longer configured lose their duration series, modes and dtypes no longer configured every
+    series of theirs (timings, crossovers, costs); with devices listed, unlisted devices lose all of
+    theirs. The rest is served as it was measured until the next sweep replaces it.
     """
     devices = None if wanted.devices is None else {canonical_device(d) for d in wanted.devices}
 
     def kept(device: str) -> bool:
         return devices is None or canonical_device(device) in devices or device == "none"
 
+    def asked(mode: str, dtype: str) -> bool:
+        return (wanted.modes is None or mode in wanted.modes) and (wanted.dtypes is None or dtype in wanted.dtypes)
+
     return replace(
         snapshot,
         measurements=tuple(
-            m for m in snapshot.measurements if kept(m.key.device) and (m.role != "sweep" or m.key.size in wanted.sizes)
+            m
+            for m in snapshot.measurements
+            if kept(m.key.device)
+            and asked(m.key.mode, m.key.dtype)
+            and (m.role != "sweep" or m.key.size in wanted.sizes)
         ),
-        crossovers=tuple(c for c in snapshot.crossovers if kept(c.gpu) and kept(c.cpu)),
-        costs=tuple(c for c in snapshot.costs if kept(c.device)),
+        crossovers=tuple(c for c in snapshot.crossovers if kept(c.gpu) and kept(c.cpu) and asked(c.mode, c.dtype)),
+        costs=tuple(c for c in snapshot.costs if kept(c.device) and asked(c.mode, c.dtype)),
         hardware=tuple(h for h in snapshot.hardware if kept(h.device)),
         withheld=tuple(w for w in snapshot.withheld if kept(w.device)),
         devices=tuple(d for d in snapshot.devices if kept(d.device)),

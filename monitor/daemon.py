@@ -66,7 +66,8 @@ def open_history(settings: Settings) -> RunHistory | None:
 
 def wanted(settings: Settings) -> Wanted:
     """What ``settings`` ask to serve: the served state keeps no other sizes' or devices' series."""
-    return Wanted(sizes=settings.benchmark.sizes, devices=settings.benchmark.devices)
+    bench = settings.benchmark
+    return Wanted(sizes=bench.sizes, devices=bench.devices, modes=bench.modes, dtypes=bench.dtypes)
 
 
 def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:

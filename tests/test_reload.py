@@ -62,6 +62,38 @@ def test_a_valid_reload_takes_effect_and_removed_sizes_disappear(service: Runnin
     assert _sizes(samples) == {"16", "32"}
 
 
+def test_a_reload_that_drops_a_mode_or_a_dtype_removes_their_series_at_once(tmp_path: Path) -> None:
+    """Issue 34 #9: sizes were trimmed at once, but a dropped mode or dtype went on being served (and its
+    alerts firing on stale series) until the next successful sweep."""
+    two = fake_config().replace(
+        "benchmark:\n", "benchmark:\n  modes: [compute, end_to_end]\n  dtypes: [float32, float64]\n"
+    )
+    running = RunningService(tmp_path, two)
+    try:
+        running.wait_for_sweeps("success", 1)
+
+        def served(samples: Samples, label: str) -> set[str]:
+            return {
+                dict(labels)[label] for name, labels in samples if name in SERIES_BY_POINT and label in dict(labels)
+            }
+
+        before = running.scrape()
+        assert served(before, "mode") == {"compute", "end_to_end"}
+        assert served(before, "dtype") == {"float32", "float64"}
+        one = two.replace("modes: [compute, end_to_end]", "modes: [compute]").replace(
+            "dtypes: [float32, float64]", "dtypes: [float32]"
+        )
+        samples = _reload(running, one, 1)
+        assert samples[LOADED] == 1
+        assert served(samples, "mode") == {"compute"}
+        assert served(samples, "dtype") == {"float32"}
+    finally:
+        running.stop()
+
+
+SERIES_BY_POINT = ("matmul_duration_seconds", "matmul_crossover_size", "matmul_fixed_cost_seconds")
+
+
 def test_twenty_bad_reloads_change_nothing_then_a_good_one_takes(service: RunningService) -> None:
     """Each bad file is refused with its problems logged; the old configuration serves throughout."""
     served = _sizes(service.scrape())
