@@ -7,12 +7,14 @@ optional ``plot`` extra: it is imported only when a chart is drawn, so a missing
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from monitor.codec import DecodeError, from_data, parse_json
+from monitor.convert import MAX_SIZE
 from monitor.errors import PLOT_EXTRA_HINT, MonitorError
 from monitor.metrics import (
     BENCHMARK_INFO,
@@ -50,6 +52,13 @@ _MODE_STYLE = {"compute": ("-", "o"), "end_to_end": ("--", "s")}
 
 class PlotError(MonitorError):
     """The chart cannot be drawn; the message says what to fix."""
+
+
+# A chart this big says nothing a reader can see (and would take minutes to draw): refused instead. A sweep has
+# a curve per device, dtype and mode; 8 GPUs, a CPU, 2 dtypes and 2 modes make 36.
+MAX_CURVES = 64
+MAX_PANELS = 8  # dtypes, a panel each
+_STATES = {state.value for state in CrossoverState}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,10 +162,10 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
     for name, labels, value in samples:
         pair = tuple(labels.get(k, "") for k in CROSSOVER_LABELS)
         if name == DURATION:
-            # Each label to the field of its name; the exporter only writes the two modes.
-            point = {k: int(labels[k]) if k == "size" else labels[k] for k in POINT_LABELS}
-            times.append((PointKey(**point), value))  # type: ignore[arg-type]
-        elif name == DEVICE_INFO:
+            point = _point(labels, value)
+            if point is not None:
+                times.append(point)
+        elif name == DEVICE_INFO and all(k in labels for k in ("backend", "device", "name")):
             kind: DeviceKind = "gpu" if labels.get("kind") == "gpu" else "cpu"
             details = tuple((key, labels[label]) for label, key in DEVICE_DETAIL_LABELS.items() if labels.get(label))
             devices.append(
@@ -164,9 +173,9 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
                     backend=labels["backend"], device=labels["device"], kind=kind, name=labels["name"], details=details
                 )
             )
-        elif name == CROSSOVER_STATE and value == 1:
+        elif name == CROSSOVER_STATE and value == 1 and labels.get("state") in _STATES and pair[-1] in MODES:
             states[pair] = CrossoverState(labels["state"])
-        elif name in values:
+        elif name in values and math.isfinite(value) and 0 < value <= MAX_SIZE:
             values[name][pair] = value
         elif name == BENCHMARK_INFO:
             versions = f"{labels.get('backend', '')} {labels.get('framework_version', '')}".strip()
@@ -189,9 +198,27 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
     )
 
 
+def _point(labels: Mapping[str, str], seconds: float) -> tuple[PointKey, float] | None:
+    """A duration sample as a point; None for one no service of this project writes (a mode it does not
+    time, a size out of range, a time that is not a positive number): such a point is left out, not drawn."""
+    try:
+        size = int(labels.get("size", ""))
+        key = from_data(PointKey, {k: size if k == "size" else labels.get(k) for k in POINT_LABELS}, "point")
+    except (ValueError, DecodeError):
+        return None
+    return (key, seconds) if 0 < key.size <= MAX_SIZE and math.isfinite(seconds) and seconds > 0 else None
+
+
 def _checked(chart: Chart, source: str) -> Chart:
     if not chart.times:
         raise PlotError(f"{source} has no timings to draw yet: no sweep has completed")
+    dtypes = {key.dtype for key, _ in chart.times}
+    curves = {(key.device, key.dtype, key.mode) for key, _ in chart.times}
+    if len(dtypes) > MAX_PANELS or len(curves) > MAX_CURVES:
+        raise PlotError(
+            f"{source} has {len(curves)} curves in {len(dtypes)} dtypes: more than a chart can show"
+            f" (at most {MAX_CURVES} curves, {MAX_PANELS} dtypes)"
+        )
     return chart
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import json
 import shutil
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -21,6 +19,7 @@ import pytest
 from monitor.cli import _parse
 from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
 from tests.conftest import REPO, free_port
+from tests.fakeserver import reply, server, serving
 from tests.service import RunningService, fake_config, started_services, stop_process, wait_until
 
 NPD_CONFIGS = sorted((REPO / "deploy" / "node-problem-detector").glob("*.json"))
@@ -156,53 +155,11 @@ def test_node_check_on_metrics_no_service_writes_says_unknown_in_plain_words(bod
     HTTP server: never "working", never an internal error's wording, one line, exit 2."""
     now = time.time()
     text = body.replace("{now}", f"{now - 60:.0f}").replace("{ten_days_ahead}", f"{now + 10 * 86400 + 30:.0f}")
-    with _serving(text) as url:
+    with serving(text) as url:
         status, message = node_check("--url", url)
     assert message.startswith(said), message
     assert status == (0 if said.startswith("ok") else 2)
     assert "\n" not in message
-
-
-@contextlib.contextmanager
-def _serving(body: str) -> Iterator[str]:
-    """A real HTTP server on loopback that answers every GET with ``body`` as a Prometheus text exposition."""
-
-    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
-        _reply(handler, body.encode())
-
-    with _server(answer) as base:
-        yield f"{base}/metrics"
-
-
-def _reply(handler: http.server.BaseHTTPRequestHandler, data: bytes, content_type: str = "text/plain") -> None:
-    handler.send_response(200)
-    handler.send_header("Content-Type", content_type)
-    handler.send_header("Content-Length", str(len(data)))
-    handler.end_headers()
-    handler.wfile.write(data)
-
-
-@contextlib.contextmanager
-def _server(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    """A real HTTP server on loopback whose every GET ``answer`` handles; its base URL."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            with contextlib.suppress(OSError):  # the client gave up (the point of several tests)
-                answer(self)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _drip(handler: http.server.BaseHTTPRequestHandler) -> None:
@@ -239,7 +196,7 @@ def _redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], 
 
 def test_node_check_against_a_server_that_drips_floods_or_redirects_stops_at_its_timeout() -> None:
     """Issue 34 #6: one deadline for the whole request and a cap on the body; exit 2 in one line."""
-    with _server(_drip) as drip, _server(_flood) as flood:
+    with server(_drip) as drip, server(_flood) as flood:
         for url, said in (
             (f"{drip}/metrics", "too slow: no whole answer within 2s"),
             (f"{flood}/metrics", "too large: more than 16 MiB"),
@@ -249,7 +206,7 @@ def test_node_check_against_a_server_that_drips_floods_or_redirects_stops_at_its
             assert status == 2, message
             assert said in message
             assert time.monotonic() - started < 15  # a Python start, then the 2 s
-        with _server(_redirect_to(f"{flood}/metrics")) as redirect:
+        with server(_redirect_to(f"{flood}/metrics")) as redirect:
             status, message = node_check("--url", f"{redirect}/metrics", "--timeout", "5s")
         assert status == 2
         assert "too large" in message
@@ -267,10 +224,10 @@ def test_node_check_names_five_alerts_of_100000_in_one_line_and_reads_a_base_url
     def prometheus(handler: http.server.BaseHTTPRequestHandler) -> None:
         result = firing if "ALERTS" in urllib.parse.unquote(handler.path) else present
         body = {"status": "success", "data": {"resultType": "vector", "result": result}}
-        _reply(handler, json.dumps(body).encode(), "application/json")
+        reply(handler, json.dumps(body).encode(), "application/json")
 
     now = time.time()
-    with _serving(_exposition().replace("{now}", f"{now - 60:.0f}")) as metrics, _server(prometheus) as prom:
+    with serving(_exposition().replace("{now}", f"{now - 60:.0f}")) as metrics, server(prometheus) as prom:
         base = metrics.removesuffix("/metrics")
         args = ("--check", "drift", "--prometheus.url", prom, "--instance", "node-1:9437", "--timeout", "20s")
         status, message = node_check("--url", base, *args)

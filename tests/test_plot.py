@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from monitor.server import MetricsServer
 from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
+from tests.fakeserver import serving
 from tests.service import started_server
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -258,3 +260,53 @@ def test_plot_from_a_real_once_json_and_a_running_service(tmp_path: Path) -> Non
         service.stop()
     for name in ("from-json.png", "from-url.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+ODD = "\n".join(
+    [
+        'matmul_monitor_build_info{version="x"} 1',
+        'matmul_device_info{backend="fake",device="/CPU:0",kind="cpu",name="cpu"} 1',
+        'matmul_device_info{backend="fake",device="/GPU:0",kind="gpu",name="gpu"} 1',
+        'matmul_device_info{backend="fake",kind="gpu"} 1',  # no device, no name
+        'matmul_duration_seconds{backend="fake",device="/CPU:0",dtype="float32",mode="compute",size="64"} 0.001',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="compute",size="64"} 0.002',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="sideways",size="64"} 0.002',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="compute",size="128"} NaN',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="compute",size="256"} +Inf',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="compute",size="'
+        + "9" * 300
+        + '"} 0.5',
+        'matmul_duration_seconds{backend="fake",device="/GPU:0",dtype="float32",mode="compute",size="big"} 0.5',
+        (
+            'matmul_crossover_state{backend="fake",gpu="/GPU:0",cpu="/CPU:0",dtype="float32",mode="compute",'
+            'state="sideways"} 1'
+        ),
+        'matmul_crossover_size{backend="fake",gpu="/GPU:0",cpu="/CPU:0",dtype="float32",mode="compute"} NaN',
+    ]
+)
+
+
+def test_odd_metrics_are_left_out_not_a_traceback() -> None:
+    """Issue 34 #8: an unknown mode, NaN and Inf times, a 300-digit size, a device without labels, an unknown
+    state: each left out; the two good points are drawn."""
+    with serving(ODD + "\n") as url:
+        chart = from_url(url)
+    assert sorted((key.device, key.mode, key.size, seconds) for key, seconds in chart.times) == [
+        ("/CPU:0", "compute", 64, 0.001),
+        ("/GPU:0", "compute", 64, 0.002),
+    ]
+    assert [d.device for d in chart.devices] == ["/CPU:0", "/GPU:0"]
+    assert chart.crossovers == ()
+
+
+def test_300_dtypes_are_refused_at_once_in_one_line() -> None:
+    """Issue 34 #8: 300 dtypes were still being drawn after 150 s at 1.9 GB; now a PlotError names the count."""
+    lines = [
+        f'matmul_duration_seconds{{backend="fake",device="/GPU:0",dtype="t{i}",mode="compute",size="64"}} 0.002'
+        for i in range(300)
+    ]
+    started = time.monotonic()
+    with serving("\n".join(lines) + "\n") as url, pytest.raises(PlotError) as refused:
+        from_url(url)
+    assert "300 curves in 300 dtypes: more than a chart can show (at most 64 curves, 8 dtypes)" in str(refused.value)
+    assert time.monotonic() - started < 10
