@@ -130,6 +130,7 @@ class _Connection:
     busy: bool = False
     stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
     task: asyncio.Task[None] | None = None  # the coroutine serving it: cancelled when it is evicted
+    ended: bool = False  # aborted (evicted, or the server stopping): nothing more to close
 
 
 class HttpServer:
@@ -232,13 +233,13 @@ class HttpServer:
 
     async def _shutdown(self) -> None:
         self._server.close()
-        for connection in list(self._waiting):
-            connection.writer.transport.abort()
+        for connection in [*self._waiting, *self._checking]:  # handshakes too: ended now, not at their timeout
+            _end(connection)
         deadline = self._loop.time() + self._limits.stop_timeout_s
         while any(c.busy for c in self._connections) and self._loop.time() < deadline:  # noqa: ASYNC110 - a bounded poll of plain flags
             await asyncio.sleep(0.05)
         for connection in list(self._connections):
-            connection.writer.transport.abort()
+            _end(connection)
         # Every other task (the tick, connections winding down) ends here, not as "destroyed but pending".
         others = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
         for task in others:
@@ -261,9 +262,7 @@ class HttpServer:
                 if not stalled:
                     return False
                 evicted = min(stalled, key=lambda c: c.stalled_since or 0.0)
-            evicted.writer.transport.abort()
-            if evicted.task is not None:  # at once: it may be waiting on a check, not on its socket
-                evicted.task.cancel()
+            _end(evicted)
             self._connections.discard(evicted)
         self._connections.add(connection)
         return True
@@ -296,7 +295,8 @@ class HttpServer:
             self._waiting.pop(connection, None)
             self._checking.pop(connection, None)
             self._connections.discard(connection)
-            await self._close(writer)
+            if not connection.ended:  # an aborted one has nothing left to send, nor to wait for
+                await self._close(writer)
 
     async def _start_tls(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> None:
         plain = writer.transport
@@ -537,6 +537,18 @@ class _TakenInTurn:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _end(connection: _Connection) -> None:
+    """End a connection at once: its socket aborted, its coroutine cancelled (it may be in a TLS handshake or
+    waiting for a password check, not on its socket). A failed handshake leaves no transport to abort
+    (CPython 3.11): touching it raised an AttributeError in the next client's admission."""
+    connection.ended = True
+    transport = connection.writer.transport
+    if transport is not None:
+        transport.abort()
+    if connection.task is not None:
+        connection.task.cancel()
 
 
 def _unacknowledged(fd: int) -> int:

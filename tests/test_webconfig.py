@@ -437,3 +437,52 @@ def test_a_hostile_web_config_is_a_config_error_not_a_traceback(tmp_path: Path, 
     assert done.returncode == 78, done.stderr
     assert said in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_stalled_handshakes_beyond_the_limit_are_evicted_quietly_and_stop_is_quick(
+    pki: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 34 #3: rounds of partial ClientHellos, three times the connection limit: evicting a connection
+    whose handshake had left no transport raised AttributeError tracebacks ("Unhandled exception in
+    client_connected_cb"), evicted handshakes lingered, and a stop with handshakes pending took seconds and
+    left "Task was destroyed but it is pending!". Now: no traceback, real clients served, stop well under 1 s."""
+    config = write_config(
+        tmp_path, f"tls_server_config: {{cert_file: {pki / 'server.crt'}, key_file: {pki / 'server.key'}}}\n"
+    )
+    gate = WebGate(config)
+    limits = HttpLimits(max_connections=8, handshake_timeout_s=10)
+    server = HttpServer(
+        "127.0.0.1", 0, lambda _: Response(status=200, body=b"ok\n"), limits=limits, tls=gate.tls_context
+    )
+    server.start()
+    port = server.address[1]
+    # A TLS record header announcing a 512-byte ClientHello, and 5 bytes of it: the handshake waits for the rest.
+    partial = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03"
+    stuck: list[socket.socket] = []
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            for _ in range(3):
+                for _ in range(3 * limits.max_connections):
+                    sock = socket.create_connection(("127.0.0.1", port))
+                    sock.sendall(partial)
+                    stuck.append(sock)
+                time.sleep(0.3)
+                assert server.connections <= limits.max_connections
+                assert https_get(port, "/", pki)[0] == 200
+            fresh = [socket.create_connection(("127.0.0.1", port)) for _ in range(limits.max_connections)]
+            for sock in fresh:
+                sock.sendall(partial)
+            stuck += fresh
+            time.sleep(0.3)
+            began = time.monotonic()
+            server.stop()
+            took = time.monotonic() - began
+    finally:
+        for sock in stuck:
+            sock.close()
+        server.stop()
+    assert took < 1.0
+    said = caplog.text
+    assert "Unhandled exception" not in said
+    assert "Task was destroyed but it is pending" not in said
+    assert "Traceback" not in said
