@@ -553,7 +553,7 @@ def _end(connection: _Connection) -> None:
 
 def _unacknowledged(fd: int) -> int:
     """Bytes written to socket ``fd`` and not yet acknowledged by its peer; 0 where that cannot be told."""
-    if _UNACKNOWLEDGED is None:
+    if _UNACKNOWLEDGED is None or fd < 0:  # -1: the socket closed meanwhile (the client went away)
         return 0
     try:
         return int(struct.unpack("i", fcntl.ioctl(fd, _UNACKNOWLEDGED, b"\0\0\0\0"))[0])
