@@ -24,7 +24,7 @@ from monitor.carry import Wanted
 from monitor.coordinator import SweepCoordinator
 from monitor.errors import ConfigError, StartupError
 from monitor.history import HistoryBusy, HistoryUnavailable, RunHistory
-from monitor.metrics import render_state
+from monitor.metrics import render_state, with_process_metrics
 from monitor.model import BUILTIN_BACKENDS, ServiceState
 from monitor.page import SweepPicture
 from monitor.preflight import host_problem
@@ -127,6 +127,7 @@ class Service:
                 render_metrics=functools.partial(
                     render_state, backend=backend, framework_version=framework_version(backend)
                 ),
+                add_process=with_process_metrics,
                 healthy=self.healthy,
                 ready=self.ready,
                 web=gate,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
+from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CollectorRegistry,
     CounterMetricFamily,
@@ -501,6 +502,27 @@ def render(registry: CollectorRegistry, exposition: str) -> tuple[bytes, str]:
     """The body and content type of one of the expositions ``exposition_type`` names."""
     encoder, content_type = choose_encoder(exposition)
     return encoder(registry), content_type
+
+
+# The process's own series, as every exporter serves them (client_python's collectors): CPU seconds, resident
+# and virtual memory, start time, open and maximum file descriptors, and the Python build. Rendered apart from
+# the state's body, which is kept per state: these move between scrapes.
+_PROCESS_REGISTRY = CollectorRegistry(auto_describe=False)
+ProcessCollector(registry=_PROCESS_REGISTRY)
+PlatformCollector(registry=_PROCESS_REGISTRY)
+PROCESS_NAMES = frozenset(
+    sample.name for family in _PROCESS_REGISTRY.collect() for sample in family.samples
+) | {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds"}
+_EOF = b"# EOF\n"  # OpenMetrics' last line
+
+
+def with_process_metrics(body: bytes, exposition: str) -> bytes:
+    """``body`` (a state's /metrics) with the process's series rendered now, before OpenMetrics' ``# EOF``."""
+    encoder, _ = choose_encoder(exposition)
+    process = encoder(_PROCESS_REGISTRY)
+    if body.endswith(_EOF):
+        return body[: -len(_EOF)] + process
+    return body + process
 
 
 def render_state(state: ServiceState, exposition: str, *, backend: str, framework_version: str) -> tuple[bytes, str]:

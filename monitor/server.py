@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 Probe = Callable[[], tuple[bool, str]]
 # /metrics of one state in one exposition (``monitor.metrics.render_state``): body and content type.
 RenderMetrics = Callable[[ServiceState, str], tuple[bytes, str]]
+PROCESS_FRESH_S = 1.0  # the process's own series in a /metrics answer are at most this old
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,11 @@ class MetricsServer:
         lifecycle: Lifecycle | None = None,
         picture: Callable[[], Picture] | None = None,
         limits: HttpLimits | None = None,
+        add_process: Callable[[bytes, str], bytes] | None = None,
     ) -> None:
+        """``add_process``: the process's own series added to a body (``monitor.metrics.with_process_metrics``)."""
         gate = web or WebGate(None)
-        metrics = _MetricsCache(read_state, render_metrics)
+        metrics = _MetricsCache(read_state, render_metrics, add_process=add_process)
         gets: dict[str, Callable[[Request], Response]] = {
             "/metrics": metrics.response,
             "/-/healthy": lambda _: _probe(healthy),
@@ -164,12 +169,24 @@ class _MetricsCache:
     the state whole on every change, the next sweep's time included, so a kept body is never stale.
     """
 
-    def __init__(self, read_state: Callable[[], ServiceState], render_metrics: RenderMetrics) -> None:
+    def __init__(
+        self,
+        read_state: Callable[[], ServiceState],
+        render_metrics: RenderMetrics,
+        *,
+        add_process: Callable[[bytes, str], bytes] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._read_state = read_state
         self._render = render_metrics
+        self._add_process = add_process
+        self._clock = clock
         self._lock = threading.Lock()
         self._state: ServiceState | None = None
         self._bodies: dict[str, Response] = {}  # by exposition: two at most, whatever clients send
+        # The whole answer (state and process series) by exposition, and when it was made: scrapers arriving
+        # together share it, and the process's series are never older than PROCESS_FRESH_S.
+        self._answers: dict[str, tuple[Response, float]] = {}
 
     def response(self, request: Request) -> Response:
         kind = exposition_type(request.header("accept"))
@@ -177,18 +194,25 @@ class _MetricsCache:
             state = self._read_state()
             with self._lock:
                 cached = self._bodies.get(kind) if state is self._state else None
-            if cached is not None:
-                return cached
-            body, content_type = self._render(state, kind)
+                answer = self._answers.get(kind) if state is self._state else None
+            now = self._clock()
+            if answer is not None and now - answer[1] < PROCESS_FRESH_S:
+                return answer[0]
+            if cached is None:
+                body, content_type = self._render(state, kind)
+                cached = Response(status=200, body=body, content_type=content_type)
+            full = cached
+            if self._add_process is not None:
+                full = dataclasses.replace(cached, body=self._add_process(cached.body, kind))
         except Exception:  # a bug in rendering must answer 500, not drop the connection
             log.exception("rendering /metrics failed")
             return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
-        response = Response(status=200, body=body, content_type=content_type)
         with self._lock:
             if state is not self._state:
-                self._state, self._bodies = state, {}
-            self._bodies[kind] = response
-        return response
+                self._state, self._bodies, self._answers = state, {}, {}
+            self._bodies[kind] = cached
+            self._answers[kind] = (full, now)
+        return full
 
 
 def _probe(probe: Probe) -> Response:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from monitor.httpserver import Request
 from monitor.metrics import render_state
 from monitor.model import ServiceState, SweepOutcome, SweepResult
+from monitor.server import _MetricsCache
 from monitor.state import StateStore
 from tests.guardfakes import IDLE, sweep_with
-from tests.service import http_get, parse, started_server
+from tests.service import RunningService, fake_config, http_get, parse, started_server
 
 
 def _broken_state() -> ServiceState:
@@ -182,3 +186,45 @@ def test_odd_accept_headers_get_a_normal_answer(accept: str, openmetrics: bool) 
         assert body.endswith("# EOF\n") == openmetrics
     finally:
         server.stop()
+
+
+def test_the_process_series_are_served_fresh_beside_the_kept_state_body(tmp_path: Path) -> None:
+    """Issue 35: process_cpu_seconds_total, process_resident_memory_bytes, process_start_time_seconds (and
+    client_python's other process and platform series) in both expositions of the real service, OpenMetrics'
+    # EOF last and once; the state's body is kept per state, the process's series at most 1 s old."""
+    service = RunningService(tmp_path, fake_config())
+    try:
+        service.wait_for_sweeps("success", 1)
+        samples = service.scrape()
+        started = samples[("process_start_time_seconds", frozenset())]
+        assert time.time() - 120 < started <= time.time()
+        assert samples[("process_resident_memory_bytes", frozenset())] > 10e6
+        assert ("process_cpu_seconds_total", frozenset()) in samples
+        assert any(name == "python_info" for name, _ in samples)
+        openmetrics = service.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})[2]
+        assert openmetrics.endswith("# EOF\n")
+        assert openmetrics.count("# EOF") == 1
+        assert "process_cpu_seconds_total " in openmetrics
+    finally:
+        service.stop()
+    now = [0.0]
+    renders: list[int] = []
+
+    def render(state: ServiceState, kind: str) -> tuple[bytes, str]:
+        renders.append(1)
+        return b"state 1\n", "text/plain"
+
+    cache = _MetricsCache(
+        lambda: SAME, render, add_process=lambda body, _: body + f"cpu {now[0]}\n".encode(), clock=lambda: now[0]
+    )
+    request = Request(method="GET", target="/metrics", headers=(), body=b"", peer="x")
+    first = cache.response(request)
+    now[0] = 0.5
+    assert cache.response(request) is first  # scrapers arriving together share one answer
+    now[0] = 1.5
+    later = cache.response(request)
+    assert later.body == b"state 1\ncpu 1.5\n"
+    assert len(renders) == 1  # the state's body kept, the process's series new
+
+
+SAME = ServiceState()
