@@ -316,19 +316,25 @@ def test_generator_names_a_missing_source(tmp_path: Path) -> None:
 
 
 def test_daemonset_requests_what_the_daemon_holds_and_limits_what_a_sweep_peaks_at(container: dict[str, Any]) -> None:
-    """Requests as light as dcgm-exporter's; a memory limit above the measured TensorFlow worker peak; no CPU limit."""
+    """A memory request that covers the measured TensorFlow worker peak and the daemon (issue 35: 128Mi let the
+    scheduler overcommit by 1.7 GiB a sweep, and made the pod the first evicted under memory pressure); a
+    limit above it with room; a CPU request as light as dcgm-exporter's and no CPU limit."""
     import json  # noqa: PLC0415
 
     resources = container["resources"]
-    assert resources["requests"] == {"cpu": "100m", "memory": "128Mi"}
+    assert resources["requests"]["cpu"] == "100m"
     assert "cpu" not in resources["limits"]  # a CFS quota would throttle the CPU timings
     recorded = REPO / "benchmarks" / "results" / "footprint-tensorflow-defaults-h200-2026-12-02.json"
     phases = json.loads(recorded.read_text(encoding="utf-8"))["phases"]
     worker_peak_mib = max(p["worker_peak_rss_mib"] for p in phases)
     daemon_mib = max(p["daemon_rss_mib"] for p in phases)
     assert daemon_mib < 128
-    limit_mib = {"Gi": 1024, "Mi": 1}[resources["limits"]["memory"][-2:]] * int(resources["limits"]["memory"][:-2])
-    assert limit_mib >= 1.5 * (worker_peak_mib + daemon_mib)
+
+    def mib(quantity: str) -> int:
+        return {"Gi": 1024, "Mi": 1}[quantity[-2:]] * int(quantity[:-2])
+
+    assert mib(resources["requests"]["memory"]) >= worker_peak_mib + daemon_mib
+    assert mib(resources["limits"]["memory"]) >= 1.5 * (worker_peak_mib + daemon_mib)
 
 
 def test_daemonset_is_placed_early_but_never_preempts(pod: dict[str, Any]) -> None:
