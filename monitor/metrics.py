@@ -127,6 +127,12 @@ LAST_SUCCESS = _metric(
     "When the latest sweep that measured something (success, partial) ended",
 )
 SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took")
+WORKER_CPU = _metric(
+    "matmul_sweep_worker_cpu_seconds", "CPU time the worker of the latest completed sweep used, all its threads"
+)
+WORKER_MEMORY = _metric(
+    "matmul_sweep_worker_peak_memory_bytes", "Peak resident memory of the worker of the latest completed sweep"
+)
 SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
 NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")
 CONFIG_LOADED = _metric(
@@ -343,6 +349,8 @@ class StateCollector(Collector):
             (NEXT_SWEEP, state.next_sweep_at),
             (CONFIG_LOADED, None if state.config_loaded is None else float(state.config_loaded)),
             (CONFIG_LOADED_AT, state.config_loaded_at),
+            (WORKER_CPU, state.latest.worker_cpu_seconds if state.latest is not None else None),
+            (WORKER_MEMORY, state.latest.worker_peak_rss_bytes if state.latest is not None else None),
         ):
             if value is not None:
                 gauge = _gauge(name)
@@ -510,9 +518,11 @@ def render(registry: CollectorRegistry, exposition: str) -> tuple[bytes, str]:
 _PROCESS_REGISTRY = CollectorRegistry(auto_describe=False)
 ProcessCollector(registry=_PROCESS_REGISTRY)
 PlatformCollector(registry=_PROCESS_REGISTRY)
-PROCESS_NAMES = frozenset(
-    sample.name for family in _PROCESS_REGISTRY.collect() for sample in family.samples
-) | {"process_cpu_seconds_total", "process_resident_memory_bytes", "process_start_time_seconds"}
+PROCESS_NAMES = frozenset(sample.name for family in _PROCESS_REGISTRY.collect() for sample in family.samples) | {
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+}
 _EOF = b"# EOF\n"  # OpenMetrics' last line
 
 

@@ -60,6 +60,10 @@ DRIVER_VERSION = "driver_version"
 # over the sweep, in seconds, and the readings' relative IQR (the daemon's baseline comes from recent ones).
 HOST_REFERENCE = "host_reference_s"
 HOST_REFERENCE_SPREAD = "host_reference_spread"
+# What the sweep cost the node, as the worker measured itself at its end: its CPU time (all threads) and
+# its peak resident memory.
+WORKER_CPU_SECONDS = "worker_cpu_s"
+WORKER_PEAK_RSS_BYTES = "worker_peak_rss_bytes"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -432,6 +436,15 @@ class HardwareContext:
     host_slowdown_max: float | None = None
 
 
+def _finite(text: str | None) -> float | None:
+    """A non-negative finite number written as text, or None."""
+    try:
+        value = float(text) if text is not None else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """What is served after a completed sweep: its timings, crossovers and costs, with the last good
@@ -468,6 +481,16 @@ class Snapshot:
         if not (math.isfinite(median) and median > 0 and math.isfinite(spread) and spread >= 0):
             return None
         return HostReference(median_s=median, spread=spread)
+
+    @property
+    def worker_cpu_seconds(self) -> float | None:
+        """The CPU time the sweep's worker used, all its threads; None where it did not say."""
+        return _finite(dict(self.environment).get(WORKER_CPU_SECONDS))
+
+    @property
+    def worker_peak_rss_bytes(self) -> float | None:
+        """The peak resident memory of the sweep's worker; None where it did not say."""
+        return _finite(dict(self.environment).get(WORKER_PEAK_RSS_BYTES))
 
     @property
     def measured_devices(self) -> frozenset[str]:

@@ -13,6 +13,8 @@ from monitor.history import Run, with_current_roles
 from monitor.model import (
     GPU_PROBLEM,
     STATE_SENTENCES,
+    WORKER_CPU_SECONDS,
+    WORKER_PEAK_RSS_BYTES,
     Crossover,
     CrossoverState,
     DeviceInfo,
@@ -65,6 +67,17 @@ def _crossover_line(c: Crossover) -> str:
     return head + text
 
 
+def _environment_lines(snapshot: Snapshot) -> list[str]:
+    """The versions and settings the worker ran with, then what the sweep cost (the GPU problem is said by the
+    crossovers)."""
+    footprint = (WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES)
+    lines = [f"{k}: {v}" for k, v in snapshot.environment if k != GPU_PROBLEM and k not in footprint]
+    cpu_s, rss = snapshot.worker_cpu_seconds, snapshot.worker_peak_rss_bytes
+    if cpu_s is not None and rss is not None:
+        lines.append(f"what the sweep cost: {cpu_s:.1f} CPU seconds, peak memory {rss / 2**30:.2f} GiB (its worker)")
+    return lines
+
+
 def render_table(outcome: SweepOutcome) -> str:
     """A table per device and mode (size, median, IQR, GFLOP/s, GPU speed-up), then the crossovers."""
     lines = [
@@ -73,7 +86,7 @@ def render_table(outcome: SweepOutcome) -> str:
     snapshot = outcome.snapshot
     if snapshot is None:
         return "\n".join(lines)
-    lines += [f"{k}: {v}" for k, v in snapshot.environment if k != GPU_PROBLEM]  # said by the crossovers
+    lines += _environment_lines(snapshot)
     speedups = _speedups(snapshot)
     names = {d.device: d.name for d in snapshot.devices}
     for key, curve in curves(snapshot.measurements).items():

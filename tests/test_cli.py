@@ -64,6 +64,13 @@ def test_once_prints_tables_with_speedup_and_crossover(tmp_path: Path) -> None:
         r"; the host ran ≤ \d+\.\d\dx its idle reference's time$"
     )
     assert re.search(hardware, out, re.MULTILINE), out
+    # Issue 35: what the sweep cost the node, as its worker measured itself.
+    cost = re.search(
+        r"^what the sweep cost: (\d+\.\d) CPU seconds, peak memory (\d+\.\d\d) GiB \(its worker\)$", out, re.MULTILINE
+    )
+    assert cost is not None, out
+    assert float(cost[1]) > 0
+    assert 0.005 < float(cost[2]) < 4  # a Python worker with the fake backend: tens of MiB
 
 
 def test_once_json_is_machine_readable(tmp_path: Path) -> None:

@@ -148,6 +148,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
         devices=(*snapshot.devices, busy),
         crossovers=tuple(dataclasses.replace(c, derived_at=100) for c in snapshot.crossovers),
         withheld=(Withheld(backend="tensorflow", device="/GPU:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
+        environment=(*snapshot.environment, ("worker_cpu_s", "61.5"), ("worker_peak_rss_bytes", "1932735283")),
         hardware=(
             HardwareContext(
                 backend="tensorflow",

@@ -7,6 +7,7 @@ daemon) in its own process group, so that the sweep can kill it and all its thre
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,8 +21,8 @@ from monitor.bench.podresources import PodResourcesClient, holders
 from monitor.bench.registry import load_backend
 from monitor.bench.runner import run_plan
 from monitor.errors import MonitorError
-from monitor.model import HostReference
-from monitor.protocol import Done, Fatal, Message, Plan, encode
+from monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES, HostReference
+from monitor.protocol import Done, Environment, Fatal, Message, Plan, encode
 from monitor.settings import GuardSettings
 
 
@@ -82,8 +83,19 @@ def main() -> int:
     except MonitorError as exc:
         emit(Fatal(str(exc)))
         return 1
+    emit(Environment(_footprint()))
     emit(Done())
     return 0
+
+
+def _footprint() -> dict[str, str]:
+    """What this sweep cost the node so far: this process's CPU time and peak resident memory."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    # ru_maxrss is KiB on Linux (bytes on macOS, where the service does not run).
+    return {
+        WORKER_CPU_SECONDS: f"{usage.ru_utime + usage.ru_stime:.3f}",
+        WORKER_PEAK_RSS_BYTES: str(usage.ru_maxrss * 1024),
+    }
 
 
 if __name__ == "__main__":
