@@ -42,6 +42,8 @@ ADDED_SINCE_RECORDING = {
     *(name for name, _ in metrics.HARDWARE_GAUGES),
     metrics.CONFIG_LOADED,  # the reload (issue 10), later still
     metrics.CONFIG_LOADED_AT,
+    metrics.WORKER_CPU,  # what a sweep costs the node (issue 35)
+    metrics.WORKER_MEMORY,
 }
 # Labels added after it (dcgm-exporter's join keys, issue 19): empty in the data it holds, so dropped here.
 LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id", "cpu_affinity", "driver_version"}

@@ -183,17 +183,22 @@ def test_a_client_that_never_handshakes_blocks_nobody(tls_server: tuple[MetricsS
         sock.close()
 
 
-def test_tls_handshakes_count_against_the_connection_limit(pki: Path, tmp_path: Path) -> None:
-    """Clients that connect and never handshake are admitted, counted and evicted like silent ones."""
+def _started_tls_server(pki: Path, tmp_path: Path, limits: HttpLimits) -> HttpServer:
+    """An HttpServer on loopback with the test PKI's server certificate, answering "ok"; started."""
     config = write_config(
         tmp_path, f"tls_server_config: {{cert_file: {pki / 'server.crt'}, key_file: {pki / 'server.key'}}}\n"
     )
-    gate = WebGate(config)
-    limits = HttpLimits(max_connections=5, handshake_timeout_s=5)
     server = HttpServer(
-        "127.0.0.1", 0, lambda _: Response(status=200, body=b"ok\n"), limits=limits, tls=gate.tls_context
+        "127.0.0.1", 0, lambda _: Response(status=200, body=b"ok\n"), limits=limits, tls=WebGate(config).tls_context
     )
     server.start()
+    return server
+
+
+def test_tls_handshakes_count_against_the_connection_limit(pki: Path, tmp_path: Path) -> None:
+    """Clients that connect and never handshake are admitted, counted and evicted like silent ones."""
+    limits = HttpLimits(max_connections=5, handshake_timeout_s=5)
+    server = _started_tls_server(pki, tmp_path, limits)
     try:
         port = server.address[1]
         stuck = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
@@ -446,15 +451,8 @@ def test_stalled_handshakes_beyond_the_limit_are_evicted_quietly_and_stop_is_qui
     whose handshake had left no transport raised AttributeError tracebacks ("Unhandled exception in
     client_connected_cb"), evicted handshakes lingered, and a stop with handshakes pending took seconds and
     left "Task was destroyed but it is pending!". Now: no traceback, real clients served, stop well under 1 s."""
-    config = write_config(
-        tmp_path, f"tls_server_config: {{cert_file: {pki / 'server.crt'}, key_file: {pki / 'server.key'}}}\n"
-    )
-    gate = WebGate(config)
     limits = HttpLimits(max_connections=8, handshake_timeout_s=10)
-    server = HttpServer(
-        "127.0.0.1", 0, lambda _: Response(status=200, body=b"ok\n"), limits=limits, tls=gate.tls_context
-    )
-    server.start()
+    server = _started_tls_server(pki, tmp_path, limits)
     port = server.address[1]
     # A TLS record header announcing a 512-byte ClientHello, and 5 bytes of it: the handshake waits for the rest.
     partial = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03"
