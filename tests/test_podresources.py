@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -20,6 +21,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from monitor.bench.podresources import (
     LIST_METHOD,
+    MAX_ANSWER_BYTES,
+    MAX_PODS,
     Allocation,
     PodResourcesClient,
     PodResourcesUnavailable,
@@ -192,3 +195,35 @@ def test_decoding_skips_fields_it_does_not_know_and_rejects_truncated_input() ->
         decode_list_response(b"\x08")
     with pytest.raises(ValueError, match="wire type 3"):
         decode_list_response(b"\x0b")
+
+
+def test_an_answer_too_big_or_an_error_with_long_details_is_refused_in_a_line(kubelet: Any) -> None:
+    """Issue 34 #11: an answer just under gRPC's 4 MiB (2 million empty pods) took 23 s to decode in the worker,
+    asked again every 30 s; an abort with 5 KB of details and line breaks went whole into the withheld reason
+    and the log. Now the answer is capped (1 MiB, 10,000 pods) and the details abridged to one line."""
+    huge = _response_class()()
+    for _ in range(1_000_000):  # 2 bytes each: 2 MB, under gRPC's own 4 MiB limit
+        huge.pod_resources.add()
+    data = bytes(huge.SerializeToString())
+    assert MAX_ANSWER_BYTES < len(data) < 4 << 20
+    started = time.monotonic()
+    with pytest.raises(PodResourcesUnavailable) as refused:
+        PodResourcesClient(kubelet(lambda _r, _c: data)).allocations()
+    assert time.monotonic() - started < 5
+    assert "RESOURCE_EXHAUSTED" in str(refused.value)
+    many = _response_class()()
+    for index in range(MAX_PODS + 1):
+        many.pod_resources.add(name=f"p{index}")
+    with pytest.raises(ValueError, match="more than 10000 pods"):
+        decode_list_response(bytes(many.SerializeToString()))
+
+    def abort(_request: bytes, context: grpc.ServicerContext) -> bytes:
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, ("denied\n" + "x" * 100) * 50)
+        return b""
+
+    with pytest.raises(PodResourcesUnavailable) as denied:
+        PodResourcesClient(kubelet(abort)).allocations()
+    said = str(denied.value)
+    assert "\n" not in said
+    assert len(said) < 400
+    assert "PERMISSION_DENIED (denied xxx" in said

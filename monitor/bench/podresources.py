@@ -18,12 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from monitor.errors import MonitorError
+from monitor.text import brief
 
 # Where the kubelet serves the API; the DaemonSet mounts the host's directory at the same path
 # (a kubelet with another --root-dir: mount its pod-resources directory here).
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 LIST_METHOD = "/v1.PodResourcesLister/List"
 _TIMEOUT_S = 2.0  # a local socket: a kubelet that takes longer is not answering
+# The most of an answer taken (gRPC's default is 4 MiB, which 2 million empty pods fill and which took 23 s to
+# decode): a node runs hundreds of pods, a few hundred bytes each.
+MAX_ANSWER_BYTES = 1 << 20
+MAX_PODS = 10_000
+_DETAILS_SHOWN = 200  # of an error's details, what goes into the withheld reason and the log
 
 # Field numbers of kubelet/pkg/apis/podresources/v1/api.proto.
 _RESPONSE_POD_RESOURCES = 1  # ListPodResourcesResponse.pod_resources
@@ -97,14 +103,15 @@ class PodResourcesClient:
         except ImportError:
             raise PodResourcesUnavailable("grpcio is not installed (pip install grpcio)") from None
         try:
-            with grpc.insecure_channel(f"unix://{self._socket_path}") as channel:
+            options = [("grpc.max_receive_message_length", MAX_ANSWER_BYTES)]
+            with grpc.insecure_channel(f"unix://{self._socket_path}", options=options) as channel:
                 call = channel.unary_unary(LIST_METHOD, request_serializer=lambda _: b"", response_deserializer=bytes)
                 response = call(None, timeout=_TIMEOUT_S)
         except grpc.RpcError as exc:
             status = exc.code() if hasattr(exc, "code") else None
             details = exc.details() if hasattr(exc, "details") else ""
             # A socket there but refused is usually its owner, root: deploy/kubernetes/pod-names says why.
-            said = f" ({details})" if details else ""
+            said = f" ({brief(' '.join(str(details).split()), _DETAILS_SHOWN)})" if details else ""
             raise PodResourcesUnavailable(
                 f"the kubelet's pod-resources API at {self._socket_path}: {status}{said}"
             ) from None
@@ -117,9 +124,13 @@ class PodResourcesClient:
 def decode_list_response(data: bytes) -> list[Allocation]:
     """A ListPodResourcesResponse's allocations; ValueError if the bytes are not protobuf."""
     found: list[Allocation] = []
+    pods = 0
     for number, pod in _fields(data):
         if number != _RESPONSE_POD_RESOURCES or not isinstance(pod, bytes):
             continue
+        pods += 1
+        if pods > MAX_PODS:
+            raise ValueError(f"more than {MAX_PODS} pods on one node")
         strings = _strings(pod, (_POD_NAME, _POD_NAMESPACE))
         for container in _messages(pod, _POD_CONTAINERS):
             (container_name,) = _strings(container, (_CONTAINER_NAME,))
