@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from monitor.bench.contract import BackendOptions, RunBlock
@@ -85,12 +85,12 @@ class FakeHost:
         throttled: list[float] | None = None,
         threads_waits: list[float | None] | None = None,
         *,
-        block_waits: list[float | None] | None = None,
+        block_waits: Sequence[float | None] | None = None,
     ) -> None:
         """``block_waits``: the worker's threads' wait over each timed block of a CPU point, in cores (the last
         repeats; None: the kernel does not say)."""
         self.loads = loads
-        self.block_waits = block_waits or [None]
+        self.block_waits = list(block_waits or [None])
         self.blocks = 0
         self.waits = waits or [0.0]
         self.throttled = throttled or [0.0]
