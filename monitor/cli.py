@@ -176,8 +176,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    settings = load_settings(getattr(args, "config", None))
+def _settings(args: argparse.Namespace, *, reloading: bool = False) -> Settings:
+    settings = load_settings(getattr(args, "config", None), empty_ok=not reloading)
     if getattr(args, "listen", None) is not None:  # an empty --listen is an error, not the default
         settings = with_listen(settings, args.listen)
     return settings
@@ -188,7 +188,10 @@ def _run(settings: Settings, args: argparse.Namespace) -> int:
 
     # SIGHUP rereads what started it: the same file, with the same --listen.
     service = Service(
-        settings, load=lambda: _settings(args), web_config=args.web_config, enable_lifecycle=args.enable_lifecycle
+        settings,
+        load=lambda: _settings(args, reloading=True),
+        web_config=args.web_config,
+        enable_lifecycle=args.enable_lifecycle,
     )
     return service.run()
 

@@ -167,8 +167,12 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     return settings
 
 
-def load_settings(path: str | Path | None) -> Settings:
-    """Settings from a YAML file, or the embedded defaults when ``path`` is None."""
+def load_settings(path: str | Path | None, *, empty_ok: bool = True) -> Settings:
+    """Settings from a YAML file, or the embedded defaults when ``path`` is None.
+
+    ``empty_ok`` False (a reload): an empty file is refused rather than read as the defaults, since a writer
+    that has not finished (or truncated it) leaves one, and the defaults would replace the running settings.
+    """
     if path is None:
         return Settings()
     source = str(path)
@@ -180,6 +184,11 @@ def load_settings(path: str | Path | None) -> Settings:
         data = read_document(path)
     except YamlFileError as exc:
         raise fail(str(exc)) from None
+    if data is None and not empty_ok:
+        raise fail(
+            "the file is empty (a writer that has not finished, or a truncated file?); to run on the embedded"
+            " defaults, write {} in it"
+        )
     return settings_from_mapping(data, source)
 
 

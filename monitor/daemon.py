@@ -64,6 +64,21 @@ def open_history(settings: Settings) -> RunHistory | None:
         return None
 
 
+def _changed_keys(old: Settings, new: Settings) -> list[str]:
+    """The settings a reload changed, as ``section.field`` (what the log says, so a half-written file shows)."""
+    changed = []
+    for section in dataclasses.fields(Settings):
+        before, after = getattr(old, section.name), getattr(new, section.name)
+        if before == after or not dataclasses.is_dataclass(before):
+            continue
+        changed += [
+            f"{section.name}.{f.name}"
+            for f in dataclasses.fields(before)
+            if getattr(before, f.name) != getattr(after, f.name)
+        ]
+    return changed
+
+
 def wanted(settings: Settings) -> Wanted:
     """What ``settings`` ask to serve: the served state keeps no other sizes' or devices' series."""
     bench = settings.benchmark
@@ -232,10 +247,11 @@ class Service:
             new = dataclasses.replace(
                 new, benchmark=dataclasses.replace(new.benchmark, backend=self._settings.benchmark.backend)
             )
+        changed = _changed_keys(self._settings, new)
         self._settings = new
         self._sweeps.use(new)
         self._store.record_config(loaded=True, at=time.time(), wanted=wanted(new))
-        log.info("configuration reloaded", extra={"config": new.source})
+        log.info("configuration reloaded", extra={"config": new.source, "changed": ", ".join(changed) or "nothing"})
         return True
 
     def run(self, *, install_signal_handlers: bool = True) -> int:

@@ -54,6 +54,7 @@ def test_a_valid_reload_takes_effect_and_removed_sizes_disappear(service: Runnin
     before = service.scrape()[("matmul_config_last_reload_success_timestamp_seconds", frozenset())]
     samples = _reload(service, fake_config().replace("[16, 32, 64, 128]", "[16, 32]"), 1)
     assert "configuration reloaded" in service.logs()
+    assert "changed=benchmark.sizes" in service.logs()  # what a reload changed is said
     assert samples[LOADED] == 1
     assert samples[("matmul_config_last_reload_success_timestamp_seconds", frozenset())] > before
     assert _sizes(samples) == {"16", "32"}
@@ -92,6 +93,18 @@ def test_a_reload_that_drops_a_mode_or_a_dtype_removes_their_series_at_once(tmp_
 
 
 SERIES_BY_POINT = ("matmul_duration_seconds", "matmul_crossover_size", "matmul_fixed_cost_seconds")
+
+
+def test_a_reload_of_a_file_that_shrank_to_nothing_is_refused(service: RunningService) -> None:
+    """Issue 34: a SIGHUP racing a writer that truncates then writes (not atomically) found an empty file,
+    which is valid, and silently swapped the running settings for the defaults. Now it is refused, saying why."""
+    served = _sizes(service.scrape())
+    samples = _reload(service, "", 1)
+    assert samples[LOADED] == 0
+    assert _sizes(samples) == served
+    assert "the file is empty (a writer that has not finished, or a truncated file?)" in service.logs()
+    samples = _reload(service, "{}\n", 2)  # the defaults, asked for
+    assert samples[LOADED] == 1
 
 
 def test_twenty_bad_reloads_change_nothing_then_a_good_one_takes(service: RunningService) -> None:
