@@ -17,7 +17,11 @@ during, and 5 s after, are recorded beside what the attack itself was answered.
 6. ``sweeps``: 8 simultaneous ``POST /-/sweep`` while idle (``--web.enable-lifecycle``): how many 202s,
    how many sweeps began;
 7. ``certbot``: TLS from ``live/cert.pem``, a symlink switched to a new archive file: seconds until new
-   connections get the new certificate.
+   connections get the new certificate;
+8. ``renewed_readers`` (issue 34 #1): 280 such non-readers renewed every 15 s for 45 s, fresh /healthz
+   probes meanwhile;
+9. ``guessers`` (issue 34 #2): 300 connections each pipelining 20 new wrong passwords, renewed as they
+   close, for 20 s; /healthz probes and a scraper with the right password meanwhile.
 
 ``--checkout DIR`` runs another checkout (a git worktree of an earlier commit) for the "before" figures::
 
@@ -59,9 +63,16 @@ def rss_mib(service: Service) -> float:
 class Scraper(threading.Thread):
     """/metrics every 0.1 s on a new connection; latencies, errors and the service's peak RSS meanwhile."""
 
-    def __init__(self, service: Service, headers: dict[str, str] | None = None, *, tls: ssl.SSLContext | None = None):
+    def __init__(
+        self,
+        service: Service,
+        headers: dict[str, str] | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        path: str = "/metrics",
+    ):
         super().__init__(daemon=True)
-        self._service, self._headers, self._tls = service, headers or {}, tls
+        self._service, self._headers, self._tls, self._path = service, headers or {}, tls, path
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.peak_rss = 0.0
@@ -77,7 +88,7 @@ class Scraper(threading.Thread):
                     connection = http.client.HTTPSConnection(
                         "127.0.0.1", self._service.port, timeout=10, context=self._tls
                     )
-                connection.request("GET", "/metrics", headers=self._headers)
+                connection.request("GET", self._path, headers=self._headers)
                 status = connection.getresponse().status
                 connection.close()
                 if status != 200:
@@ -247,6 +258,76 @@ def readers(service: Service, connections: int = 260, pipelined: int = 1500) -> 
     return row
 
 
+def _greedy_readers(service: Service, connections: int, pipelined: int) -> list[socket.socket]:
+    """Connections with 4 KiB receive buffers, each pipelining ``pipelined`` GET /metrics it never reads."""
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * pipelined
+    greedy = []
+    for _ in range(connections):
+        try:
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", service.port))
+            sock.setblocking(False)  # noqa: FBT003 - the socket API
+            with contextlib.suppress(BlockingIOError):
+                sock.send(request)
+            greedy.append(sock)
+        except OSError:
+            break
+    return greedy
+
+
+def renewed_readers(service: Service, connections: int = 280, pipelined: int = 1500) -> dict[str, Any]:
+    """Issue 34 #1: non-readers renewed every 15 s for 45 s; fresh /healthz probes meanwhile."""
+    row: dict[str, Any] = {}
+    probe = Scraper(service, path="/healthz")
+    probe.start()
+    with watched(service, row):
+        for _ in range(3):
+            greedy = _greedy_readers(service, connections, pipelined)
+            row["greedy_connections"] = len(greedy)
+            time.sleep(15)
+            row["rss_with_greedy_open_mib"] = round(rss_mib(service), 1)
+            for sock in greedy:
+                sock.close()
+    row["healthz_probes"] = probe.result()
+    return row
+
+
+def guessers(service: Service, connections: int = 300, tries: int = 20) -> dict[str, Any]:
+    """Issue 34 #2: connections each pipelining new wrong passwords (renewed when closed) for 20 s; /healthz
+    probes and a scraper with the right password meanwhile."""
+    row: dict[str, Any] = {}
+    stop = threading.Event()
+
+    def guess(index: int) -> None:
+        while not stop.is_set():
+            guesses = b"".join(
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                + _basic(b"g%d-%d" % (index, n))["Authorization"].encode()
+                + b"\r\n\r\n"
+                for n in range(tries)
+            )
+            try:
+                with socket.create_connection(("127.0.0.1", service.port), timeout=30) as sock:
+                    sock.sendall(guesses)
+                    while sock.recv(65536) and not stop.is_set():
+                        pass
+            except OSError:
+                time.sleep(0.1)
+
+    attackers = [threading.Thread(target=guess, args=(i,), daemon=True) for i in range(connections)]
+    for thread in attackers:
+        thread.start()
+    time.sleep(2)
+    probe = Scraper(service, path="/healthz")
+    probe.start()
+    with watched(service, row, _basic(PASSWORD)):
+        time.sleep(20)
+    stop.set()
+    row["healthz_probes"] = probe.result()
+    return row
+
+
 def smuggle(service: Service) -> dict[str, Any]:
     hidden = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
     data = (
@@ -352,6 +433,8 @@ PHASES: dict[str, tuple[Callable[[Service], dict[str, Any]], Callable[[Path], tu
     "passwords": (passwords, lambda scratch: ("--web.config.file", str(_web_config(scratch)))),
     "accept": (accept, lambda _: ()),
     "readers": (readers, lambda _: ()),
+    "renewed_readers": (renewed_readers, lambda _: ()),
+    "guessers": (guessers, lambda scratch: ("--web.config.file", str(_web_config(scratch)))),
     "smuggle": (smuggle, lambda _: ("--web.enable-lifecycle",)),
     "sweeps": (sweeps, lambda _: ("--web.enable-lifecycle",)),
 }
