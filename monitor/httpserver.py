@@ -22,8 +22,9 @@ What a client cannot do to it (``HttpLimits``):
   megabytes of pipelined answers that nobody reads); a connection whose answer has not moved, or not
   been acknowledged, for ``stalled_write_s`` may be evicted, like a waiting one, when the server is full,
   and is closed at ``write_timeout``;
-- hold a slot with a password check: a connection waiting for its (bcrypt) check is evicted before any
-  other when the server is full, and its check dropped if it has not begun;
+- hold slots by guessing passwords: when the server is full, the connection that failed the most password
+  checks is evicted first (its pending check dropped if it has not begun), so guessers cannot keep out
+  probes or a client whose first (slow, uncached) check of the right password is still waiting;
 - smuggle a second request: one with both Content-Length and Transfer-Encoding is refused (400) and the
   connection closed (RFC 9112 section 6.1).
 """
@@ -131,6 +132,7 @@ class _Connection:
     stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
     task: asyncio.Task[None] | None = None  # the coroutine serving it: cancelled when it is evicted
     ended: bool = False  # aborted (evicted, or the server stopping): nothing more to close
+    failed_checks: int = 0  # requests refused by the gate (wrong passwords): the first evicted when full
 
 
 class HttpServer:
@@ -252,10 +254,15 @@ class HttpServer:
         False when every connection is busy being answered to a client that reads.
         """
         if len(self._connections) >= self._limits.max_connections:
-            if self._checking:
-                evicted, _ = self._checking.popitem(last=False)
+            guessing = [c for c in (*self._checking, *self._waiting) if c.failed_checks]
+            if guessing:  # the connection that failed the most password checks: a guesser, never a scraper
+                evicted = max(guessing, key=lambda c: c.failed_checks)
+                self._checking.pop(evicted, None)
+                self._waiting.pop(evicted, None)
             elif self._waiting:
                 evicted, _ = self._waiting.popitem(last=False)
+            elif self._checking:
+                evicted, _ = self._checking.popitem(last=False)
             else:
                 cutoff = self._loop.time() - self._limits.stalled_write_s
                 stalled = [c for c in self._connections if c.stalled_since is not None and c.stalled_since <= cutoff]
@@ -413,7 +420,10 @@ class HttpServer:
                 return Response(status=503, body=busy, headers=(("Retry-After", "5"),))
             finally:
                 self._checking.pop(connection, None)
-        return None if verdict else self._gate.refused(request)
+        if not verdict:
+            connection.failed_checks += 1
+            return self._gate.refused(request)
+        return None
 
     async def _acknowledged(self, connection: _Connection) -> None:
         """Wait until the client has acknowledged every byte written to it (TimeoutError at write_timeout):
