@@ -452,6 +452,7 @@ db.close()
 """
 
 
+@pytest.mark.slow  # a real service for 15 s
 def test_a_history_another_process_holds_locked_holds_up_nothing_and_loses_no_run(tmp_path: Path) -> None:
     """Issue 34 #4: another process held the file in an exclusive transaction: /metrics took up to 9.7 s (the
     page's history read held the handler threads), sweeps were skipped, and once the lock went the healthy
