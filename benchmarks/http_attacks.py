@@ -236,20 +236,8 @@ def accept(service: Service, count: int = 20_000) -> dict[str, Any]:
 
 def readers(service: Service, connections: int = 260, pipelined: int = 1500) -> dict[str, Any]:
     row: dict[str, Any] = {}
-    greedy: list[socket.socket] = []
     with watched(service, row):
-        request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * pipelined
-        for _ in range(connections):
-            try:
-                sock = socket.socket()
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                sock.connect(("127.0.0.1", service.port))
-                sock.setblocking(False)  # noqa: FBT003 - the socket API
-                with contextlib.suppress(BlockingIOError):
-                    sock.send(request)
-                greedy.append(sock)
-            except OSError:
-                break
+        greedy = _greedy_readers(service, connections, pipelined)
         row["greedy_connections"] = len(greedy)
         time.sleep(35)  # beyond the 30 s write timeout: what a fresh client met meanwhile
         row["rss_with_greedy_open_mib"] = round(rss_mib(service), 1)
