@@ -34,7 +34,7 @@ DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a 
 _SPREADS_ALLOWED = 2.0
 # ... but never past this: a reference that noisy cannot tell a host that slows the points by half, and the
 # allowance it would earn let GPU points 1.5x their idle range pass beside one busy core on a noisy H100
-# (allowed 85% after a first sweep whose readings spread by 42%; benchmarks/README.md, "A noisy first sweep").
+# (allowed 85% after a first sweep whose readings spread by 42%; benchmarks/README.md, "Blocks set aside").
 _SPREAD_ALLOWANCE_AT_MOST = 0.25
 _READINGS_TO_JUDGE = 8
 N = TypeVar("N", int, float)
