@@ -518,11 +518,6 @@ def render(registry: CollectorRegistry, exposition: str) -> tuple[bytes, str]:
 _PROCESS_REGISTRY = CollectorRegistry(auto_describe=False)
 ProcessCollector(registry=_PROCESS_REGISTRY)
 PlatformCollector(registry=_PROCESS_REGISTRY)
-PROCESS_NAMES = frozenset(sample.name for family in _PROCESS_REGISTRY.collect() for sample in family.samples) | {
-    "process_cpu_seconds_total",
-    "process_resident_memory_bytes",
-    "process_start_time_seconds",
-}
 _EOF = b"# EOF\n"  # OpenMetrics' last line
 
 
