@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from monitor.settings import TimingSettings
+from crossover_monitor.settings import TimingSettings
 
 BLOCKS, WARM = 10, 2
 SERVICE_BLOCK_S = TimingSettings().block_s  # benchmark.timing.block_time's default

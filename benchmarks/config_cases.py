@@ -18,14 +18,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from monitor.bench.hostinfo import cpu_model  # noqa: E402
+from crossover_monitor.bench.hostinfo import cpu_model  # noqa: E402
 from tests.test_config_robustness import CASES  # noqa: E402
 
 
 def timed(path: Path) -> tuple[float, int]:
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "check-config", str(path)], capture_output=True, check=False, cwd=REPO
+        [sys.executable, "-m", "crossover_monitor", "check-config", str(path)],
+        capture_output=True,
+        check=False,
+        cwd=REPO,
     )
     return time.perf_counter() - started, done.returncode
 

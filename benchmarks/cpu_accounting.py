@@ -1,6 +1,6 @@
 """Where the CPU guard's "other processes" load comes from on an idle machine.
 
-The guard (monitor/bench/guard.py) calls a CPU point disturbed when the cores' busy time in
+The guard (crossover_monitor/bench/guard.py) calls a CPU point disturbed when the cores' busy time in
 /proc/stat, less the worker's own CPU time (``time.process_time()``), exceeds what the worker's
 threads leave free. On an idle H200 VM it withheld a third of TensorFlow's sweeps that way. This
 script splits that "others" figure, window by window, into /proc/stat's fields (user, system,

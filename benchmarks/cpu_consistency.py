@@ -4,7 +4,7 @@ Run: python benchmarks/cpu_consistency.py [--backend torch] [--sizes 128,256,512
 
 In one fresh process per variant, for each size it reports the median per-call time of
   plain:     a perf_counter loop around the framework's matmul;
-  service:   the service's timing loop (monitor.bench.timing.measure) on the backend's CPU runner;
+  service:   the service's timing loop (crossover_monitor.bench.timing.measure) on the backend's CPU runner;
   after-gpu: the same, right after timing the same size on the GPU (as a sweep interleaves them).
 """
 
@@ -26,11 +26,11 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[1] + "/benchmarks")
 from references import median_for
-from monitor.bench.contract import BackendOptions
-from monitor.bench.hostinfo import usable_cpus
-from monitor.bench.registry import load_backend
-from monitor.bench.timing import measure
-from monitor.settings import TimingSettings
+from crossover_monitor.bench.contract import BackendOptions
+from crossover_monitor.bench.hostinfo import usable_cpus
+from crossover_monitor.bench.registry import load_backend
+from crossover_monitor.bench.timing import measure
+from crossover_monitor.settings import TimingSettings
 variant, backend_name, sizes = sys.argv[2], sys.argv[3], [int(s) for s in sys.argv[4].split(",")]
 backend = load_backend(backend_name, BackendOptions(tf32=False, cpu_threads=usable_cpus()))
 devices = {d.kind: d for d in backend.discover()}

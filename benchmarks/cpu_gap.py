@@ -14,7 +14,7 @@ alternates variants point by point, so the host's drift hits them alike:
 - ``service-200ms``: the service's loop with 200 ms timing blocks instead of 20 ms (the peer's blocks
   are longer than the service's: on a VM whose vCPUs are descheduled now and then, a longer block
   takes in more of those pauses, and the median of block means moves up);
-- ``worker``: the real worker process (``python -m monitor.bench.worker``) timing CPU and GPU;
+- ``worker``: the real worker process (``python -m crossover_monitor.bench.worker``) timing CPU and GPU;
 - ``peer-numpy``: the peer on operands in NumPy's memory (``torch.from_numpy``), as the service's are;
 - ``service-clone``: ``service-discard`` on operands copied into torch's own memory first;
 - ``worker-warm``: ``worker`` with 100 warm-up calls per point instead of 2 (is the short warm-up
@@ -64,7 +64,7 @@ def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool, nump
             x @ x
         torch.cuda.synchronize()
     if numpy_memory:
-        from monitor.bench.common import host_operands  # noqa: PLC0415
+        from crossover_monitor.bench.common import host_operands  # noqa: PLC0415
 
         a, b = (torch.from_numpy(x) for x in host_operands(n))
     else:
@@ -85,10 +85,10 @@ def _peer(n: int, mode: str, where: str, threads: int, *, after_cuda: bool, nump
 
 
 def _service(n: int, mode: str, where: str, threads: int, block_s: float = 0.02) -> float:
-    from monitor.bench.contract import BackendOptions  # noqa: PLC0415
-    from monitor.bench.timing import measure  # noqa: PLC0415
-    from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
-    from monitor.settings import TimingSettings  # noqa: PLC0415
+    from crossover_monitor.bench.contract import BackendOptions  # noqa: PLC0415
+    from crossover_monitor.bench.timing import measure  # noqa: PLC0415
+    from crossover_monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
+    from crossover_monitor.settings import TimingSettings  # noqa: PLC0415
 
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     device = next(d for d in backend.discover() if d.device == where)
@@ -99,9 +99,9 @@ def _service(n: int, mode: str, where: str, threads: int, block_s: float = 0.02)
 def _service_discard(n: int, mode: str, where: str, threads: int, *, clone: bool = False) -> float:
     import torch  # noqa: PLC0415
 
-    from monitor.bench.common import host_operands  # noqa: PLC0415
-    from monitor.bench.timing import measure  # noqa: PLC0415
-    from monitor.settings import TimingSettings  # noqa: PLC0415
+    from crossover_monitor.bench.common import host_operands  # noqa: PLC0415
+    from crossover_monitor.bench.timing import measure  # noqa: PLC0415
+    from crossover_monitor.settings import TimingSettings  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     device = torch.device(where)
@@ -138,12 +138,12 @@ def _worker(n: int, mode: str, where: str, threads: int, warmup_calls: int | Non
         "refine": {"enabled": False},
         "given_up": [],
     }
-    from monitor.settings import TimingSettings  # noqa: PLC0415
+    from crossover_monitor.settings import TimingSettings  # noqa: PLC0415
 
     timing = TimingSettings() if warmup_calls is None else TimingSettings(warmup_calls=warmup_calls)
     plan["timing"] = timing.__dict__
     done = subprocess.run(
-        [sys.executable, "-m", "monitor.bench.worker"],
+        [sys.executable, "-m", "crossover_monitor.bench.worker"],
         input=json.dumps(plan) + "\n",
         capture_output=True,
         text=True,

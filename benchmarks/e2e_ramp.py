@@ -46,10 +46,10 @@ def _nvml_now(handle: Any) -> dict[str, int]:
 def ramp(n: int, threads: int, repeats: int) -> dict[str, Any]:
     import pynvml  # noqa: PLC0415
 
-    from monitor.bench.contract import BackendOptions  # noqa: PLC0415
-    from monitor.bench.timing import measure  # noqa: PLC0415
-    from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
-    from monitor.settings import TimingSettings  # noqa: PLC0415
+    from crossover_monitor.bench.contract import BackendOptions  # noqa: PLC0415
+    from crossover_monitor.bench.timing import measure  # noqa: PLC0415
+    from crossover_monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
+    from crossover_monitor.settings import TimingSettings  # noqa: PLC0415
 
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     gpu = next(d for d in backend.discover() if d.device == "cuda:0")
@@ -103,10 +103,10 @@ def ramp(n: int, threads: int, repeats: int) -> dict[str, Any]:
 
 
 def guard_cost(threads: int) -> dict[str, Any]:
-    from monitor.bench.contract import BackendOptions  # noqa: PLC0415
-    from monitor.bench.hostinfo import ProcStatMeter  # noqa: PLC0415
-    from monitor.bench.nvml import NvmlSampler  # noqa: PLC0415
-    from monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
+    from crossover_monitor.bench.contract import BackendOptions  # noqa: PLC0415
+    from crossover_monitor.bench.hostinfo import ProcStatMeter  # noqa: PLC0415
+    from crossover_monitor.bench.nvml import NvmlSampler  # noqa: PLC0415
+    from crossover_monitor.bench.torch_backend import TorchBackend  # noqa: PLC0415
 
     backend = TorchBackend(BackendOptions(tf32=False, cpu_threads=threads))
     gpu = next(d for d in backend.discover() if d.kind == "gpu")

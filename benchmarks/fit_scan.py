@@ -1,7 +1,7 @@
 """How to put n* on a sweep's visits, and which drift window that allows (issue 17, 2026-12-02).
 
 Every recorded idle H200 sweep's end_to_end and compute points (the paired visits' median log
-speed-ups, as ``monitor.crossover`` pairs them) located in several ways: the bracket's interpolation
+speed-ups, as ``crossover_monitor.crossover`` pairs them) located in several ways: the bracket's interpolation
 (the service before this session), and a polynomial in log n of degree 1 or 2 fitted through the
 revisited sizes within ``reach`` of the bracket (falling back to the interpolation where it does not
 rise or crosses outside them). For each: the standard deviation of log n* between idle sweeps (fresh
@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from drift_window_scan import SWEEPS, false_onsets, plant_waits  # noqa: E402
 from replay import load  # noqa: E402
 
-from monitor.crossover import SpeedupPoint, last_crossing, speedup_point  # noqa: E402
-from monitor.model import curves  # noqa: E402
+from crossover_monitor.crossover import SpeedupPoint, last_crossing, speedup_point  # noqa: E402
+from crossover_monitor.model import curves  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 IDLE = {

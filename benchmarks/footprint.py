@@ -1,6 +1,6 @@
 """What the service costs a node: the daemon's memory and CPU between sweeps, and a sweep's worker at its peak.
 
-Starts ``python -m monitor run`` with ``--config`` on a free local port and reads /proc every
+Starts ``python -m crossover_monitor run`` with ``--config`` on a free local port and reads /proc every
 ``--every`` seconds for the daemon and every process under it (the sweep's worker), until
 ``--sweeps`` sweeps have ended (the first starts at once; later ones are asked for with SIGUSR1 after
 ``--idle`` seconds of nothing). Written as one JSON object: per phase (idle between sweeps, each
@@ -141,7 +141,7 @@ def main() -> int:
         [
             sys.executable,
             "-m",
-            "monitor",
+            "crossover_monitor",
             "run",
             *(["--config", args.config] if args.config else []),
             "--web.listen-address",

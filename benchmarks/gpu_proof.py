@@ -1,6 +1,6 @@
 """Issue 17's proof on a GPU machine: idle and planted-change sweeps, a TensorFlow peer, a busy GPU.
 
-Every sweep is ``python -m monitor once --json`` in a fresh process, as a user runs it, while a
+Every sweep is ``python -m crossover_monitor once --json`` in a fresh process, as a user runs it, while a
 thread samples NVML for the GPU memory the sweep's worker holds (its peak is recorded). One JSON
 line per sweep or phase is appended to ``--out``; a summary line is printed for each.
 
@@ -74,7 +74,7 @@ def once(config: str, env: dict[str, str], exclude: set[int], sample_every_s: fl
     sampler.start()
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "once", "--json", "--config", config],
+        [sys.executable, "-m", "crossover_monitor", "once", "--json", "--config", config],
         capture_output=True,
         text=True,
         env={**os.environ, **env},

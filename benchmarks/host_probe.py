@@ -60,7 +60,7 @@ def _blocks(run: Any, sync: Any, blocks: int = 5) -> float:
 def child(rounds: int, threads: int) -> None:
     import torch  # noqa: PLC0415
 
-    from monitor.bench.hostprobe import part_readings, reading  # noqa: PLC0415
+    from crossover_monitor.bench.hostprobe import part_readings, reading  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     dev = torch.device("cuda:0")

@@ -1,6 +1,6 @@
 """The service under attack (issue 18): each attack against the real service while a normal client scrapes.
 
-Runs ``python -m monitor run`` from a checkout (the fake ``curve`` backend, as ``http_surface.py``
+Runs ``python -m crossover_monitor run`` from a checkout (the fake ``curve`` backend, as ``http_surface.py``
 does) and, for each attack, scrapes /metrics every 0.1 s from a thread of its own on a new connection
 each time: that scraper's errors and p99 during the attack, and the service's RSS before, at its peak
 during, and 5 s after, are recorded beside what the attack itself was answered.

@@ -1,6 +1,6 @@
 """The service's HTTP side under load and abuse, and its restarts: issue 10's figures, on this machine.
 
-Runs the real service (``python -m monitor run``, the fake ``curve`` backend sweeping every few seconds
+Runs the real service (``python -m crossover_monitor run``, the fake ``curve`` backend sweeping every few seconds
 so that scrapes meet sweeps) from a checkout, and measures from this process:
 
 1. ``scrapes``: 50 concurrent clients x 100 scrapes of /metrics, a new connection each: errors, p50/p99/max;
@@ -78,7 +78,7 @@ class Service:
         self.config.write_text(CONFIG.format(history=state, interval=interval))
         self.log = scratch / f"service-{time.monotonic_ns()}.log"
         self.command = [
-            sys.executable, "-m", "monitor", "run", "--config", str(self.config),
+            sys.executable, "-m", "crossover_monitor", "run", "--config", str(self.config),
             "--listen", f"127.0.0.1:{self.port}", *extra,
         ]  # fmt: skip
         self.checkout = checkout

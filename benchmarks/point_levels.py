@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from monitor.bench.contract import BackendOptions
-from monitor.bench.hostinfo import default_cpu_threads
-from monitor.bench.registry import load_backend
-from monitor.bench.timing import measure
-from monitor.model import Mode
-from monitor.settings import TimingSettings
+from crossover_monitor.bench.contract import BackendOptions
+from crossover_monitor.bench.hostinfo import default_cpu_threads
+from crossover_monitor.bench.registry import load_backend
+from crossover_monitor.bench.timing import measure
+from crossover_monitor.model import Mode
+from crossover_monitor.settings import TimingSettings
 
 COMPUTE_SIZES = (1, 16, 32, 48, 64, 79, 80, 96, 99, 101, 103, 112, 128, 160, 192, 256, 512)
 END_TO_END_SIZES = (128, 256, 512, 609, 640, 724, 768, 1024, 1448, 2048)

@@ -1,4 +1,4 @@
-"""Independent timings of the service's matmul points, for gpu_reference.py; never imports monitor.bench.
+"""Independent timings of the service's matmul points, for gpu_reference.py; never imports crossover_monitor.bench.
 
 - torch: CUDA events around back-to-back ``torch.matmul`` calls (compute), CUDA events around copy
   in + matmul + copy out (end_to_end), and a ``perf_counter`` loop on the CPU.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from monitor.model import Mode
+    from crossover_monitor.model import Mode
 
 ModeCurves = dict[str, dict[int, float]]  # mode -> size -> seconds, for one device
 Curves = dict[str, ModeCurves]  # device kind -> mode -> size -> seconds

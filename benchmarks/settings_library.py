@@ -3,22 +3,22 @@
 Every figure comes from fresh processes, the variants taken in turn (each round in another order), several
 rounds; medians with their spread. What is measured:
 
-1. wall time of ``python -m monitor check-config`` (the standard-library reader of ``monitor/config.py``), of
+1. wall time of ``python -m crossover_monitor check-config`` (the standard-library reader of ``crossover_monitor/config.py``), of
    ``load_settings`` alone, and of the pydantic model of ``settings_library_pydantic.py`` on the same YAML
    (the example file, a bad file with four typical mistakes, a file of 50,000 unknown keys), with the lines
    each prints, and the messages side by side;
 2. import cost (``-X importtime``: the module's cumulative time and the sum over every import) and the peak
    RSS of a process that imports and validates each way, alone and beside the daemon's own imports;
 3. decoding one recorded sweep's worker messages (``tests/fixtures/h200-2026-12-01``) with
-   ``monitor.protocol.decode`` against msgspec decoding into the same dataclasses;
+   ``crossover_monitor.protocol.decode`` against msgspec decoding into the same dataclasses;
 4. whether both ways agree on a set of small files (valid or not, and which key paths they name).
 
 pydantic and msgspec are not dependencies of the project: give an interpreter that has them (with PyYAML,
 prometheus-client and APScheduler, as ``check-config`` needs) as ``--pydantic-python``, e.g. a virtualenv made
 with ``python3 -m venv /tmp/pyd && /tmp/pyd/bin/pip install pydantic msgspec pyyaml prometheus-client
 'apscheduler<4' h11 bcrypt grpcio nvidia-ml-py`` (the last four for the daemon's imports). By default both ways
-run in that interpreter, so only the library differs. ``--source DIR`` measures the ``monitor/`` of another
-tree (``git archive HEAD monitor deploy | tar -x -C DIR`` while the work tree is being edited).
+run in that interpreter, so only the library differs. ``--source DIR`` measures the ``crossover_monitor/`` of another
+tree (``git archive HEAD crossover_monitor deploy | tar -x -C DIR`` while the work tree is being edited).
 
 Usage: ``.venv/bin/python benchmarks/settings_library.py [--runs 20] [--pydantic-python PY] [--source DIR]
 [--json FILE]``; prints Markdown tables.
@@ -60,8 +60,8 @@ UNKNOWN_KEYS = 50_000
 
 STDLIB_CHECK = """\
 import sys
-from monitor.config import load_settings
-from monitor.errors import ConfigError
+from crossover_monitor.config import load_settings
+from crossover_monitor.errors import ConfigError
 try:
     load_settings(sys.argv[1])
 except ConfigError as exc:
@@ -76,18 +76,18 @@ for line in open("/proc/self/status"):
     if line.startswith("VmHWM:"):
         print(line.split()[1])
 """
-STDLIB_LOAD = "import sys\nfrom monitor.config import load_settings\nload_settings(sys.argv[1])\n"
+STDLIB_LOAD = "import sys\nfrom crossover_monitor.config import load_settings\nload_settings(sys.argv[1])\n"
 PYDANTIC_LOAD = "import sys\nimport settings_library_pydantic as m\nm.validate(m.read_document(sys.argv[1]))\n"
-DAEMON = "import monitor.daemon\n"
+DAEMON = "import crossover_monitor.daemon\n"
 
-# One recorded sweep as the worker streams it, decoded each way (the dataclasses of monitor.model both times).
+# One recorded sweep as the worker streams it, decoded each way (the dataclasses of crossover_monitor.model both times).
 DECODE = """\
 import json, statistics, sys, time
 t0 = time.perf_counter()
 import msgspec
 import_ms = (time.perf_counter() - t0) * 1e3
-from monitor import codec, model
-from monitor.protocol import _TAGS, Done, Environment, Started, decode, encode
+from crossover_monitor import codec, model
+from crossover_monitor.protocol import _TAGS, Done, Environment, Started, decode, encode
 
 recorded = json.load(open(sys.argv[1]))["snapshot"]
 recorded["environment"] = sorted(recorded["environment"].items())  # as `once --json` wrote them
@@ -131,8 +131,8 @@ AGREE = """\
 import dataclasses, json, re, sys
 import yaml
 from pydantic import ValidationError
-from monitor.config import settings_from_mapping
-from monitor.errors import ConfigError
+from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.errors import ConfigError
 import settings_library_pydantic as m
 
 def paths(lines):
@@ -273,7 +273,7 @@ class Setup:
 
     std: str  # the standard-library way
     pyd: str  # the pydantic (and msgspec) way
-    source: Path  # also the working directory: `-m monitor` and `-c` take monitor/ from there first
+    source: Path  # also the working directory: `-m crossover_monitor` and `-c` take crossover_monitor/ from there first
     runs: int
 
     @property
@@ -288,7 +288,7 @@ class Setup:
 def measure_wall(s: Setup, label: str, path: Path) -> list[dict[str, Any]]:
     """Wall time of each way on one file, with its exit code and output."""
     f = str(path)
-    check = ["-m", "monitor", "check-config", "--config", f]
+    check = ["-m", "crossover_monitor", "check-config", "--config", f]
     variants = [
         Variant("interpreter start (-c pass)", s.std, ["-c", "pass"], s.env),
         Variant("stdlib: check-config (CLI)", s.std, check, s.env),
@@ -318,7 +318,7 @@ def measure_wall(s: Setup, label: str, path: Path) -> list[dict[str, Any]]:
 
 def measure_imports(s: Setup) -> dict[str, list[tuple[float, float]]]:
     imports = [  # (what, code, the module whose cumulative time is shown, interpreter, environment)
-        ("monitor.config", "import monitor.config", "monitor.config", s.std, s.env),
+        ("crossover_monitor.config", "import crossover_monitor.config", "crossover_monitor.config", s.std, s.env),
         ("the pydantic model", "import settings_library_pydantic", "settings_library_pydantic", s.pyd, s.env_model),
         ("pydantic (BaseModel)", "from pydantic import BaseModel", "", s.pyd, s.env),  # lazy: no one module
         ("yaml", "import yaml", "yaml", s.std, s.env),
@@ -343,7 +343,9 @@ def measure_memory(s: Setup, example: Path) -> dict[str, list[float]]:
     f = str(example)
     memory = [
         Variant("interpreter (pass)", s.std, ["-c", RSS], s.env),
-        Variant("stdlib: import monitor.config, load the example", s.std, ["-c", STDLIB_LOAD + RSS, f], s.env),
+        Variant(
+            "stdlib: import crossover_monitor.config, load the example", s.std, ["-c", STDLIB_LOAD + RSS, f], s.env
+        ),
         Variant("pydantic: import the model, validate the example", s.pyd, ["-c", PYDANTIC_LOAD + RSS, f], s.env_model),
         Variant("msgspec: import", s.pyd, ["-c", "import msgspec" + RSS], s.env),
         Variant("daemon's imports + stdlib load", s.std, ["-c", DAEMON + STDLIB_LOAD + RSS, f], s.env),
@@ -402,7 +404,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--pydantic-python", default=os.environ.get("PYDANTIC_PYTHON", "/tmp/pyd/bin/python"))  # noqa: S108
     parser.add_argument("--python", help="for the standard-library way (default: the pydantic interpreter)")
-    parser.add_argument("--source", type=Path, default=REPO, help="a tree with the monitor/ to measure")
+    parser.add_argument("--source", type=Path, default=REPO, help="a tree with the crossover_monitor/ to measure")
     parser.add_argument("--json", type=Path, help="write every figure here too")
     args = parser.parse_args()
     if not Path(args.pydantic_python).exists():

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from monitor.crossover import crossovers as derive_crossovers
-from monitor.model import (
+from crossover_monitor.crossover import crossovers as derive_crossovers
+from crossover_monitor.model import (
     Crossover,
     CrossoverState,
     DeviceInfo,

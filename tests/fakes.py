@@ -13,9 +13,9 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
-from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.errors import DeviceUnavailable
-from monitor.model import DeviceInfo, Mode
+from crossover_monitor.bench.contract import BackendOptions, RunBlock
+from crossover_monitor.errors import DeviceUnavailable
+from crossover_monitor.model import DeviceInfo, Mode
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="Fake CPU")
 GPU = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="Fake GPU", details=(("compute_capability", "9.0"),))

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from monitor.bench.contract import BackendOptions, RunBlock
-from monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
-from monitor.bench.runner import run_plan
-from monitor.model import DeviceInfo, HostReference, Measurement, Mode, SweepOutcome, SweepResult, Withheld
-from monitor.protocol import Message, Plan
-from monitor.settings import GuardSettings
-from monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
+from crossover_monitor.bench.contract import BackendOptions, RunBlock
+from crossover_monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
+from crossover_monitor.bench.runner import run_plan
+from crossover_monitor.model import DeviceInfo, HostReference, Measurement, Mode, SweepOutcome, SweepResult, Withheld
+from crossover_monitor.protocol import Message, Plan
+from crossover_monitor.settings import GuardSettings
+from crossover_monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
 from tests.conftest import make_plan
 from tests.fakes import CurveBackend
 
@@ -171,7 +171,7 @@ class ThreadWorker:
         backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
 
         def work() -> None:
-            from monitor.protocol import Done  # noqa: PLC0415
+            from crossover_monitor.protocol import Done  # noqa: PLC0415
 
             run_plan(plan, backend, self._messages.put, time.perf_counter, guard)
             self._messages.put(Done())

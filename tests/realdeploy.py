@@ -58,7 +58,7 @@ UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
 EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
 UNIT_NAME = UNIT.name
 # A shell test for a sweep's worker process (slim trees have no pgrep).
-WORKER_RUNNING = "grep -qs monitor.bench.worker /proc/[0-9]*/cmdline"
+WORKER_RUNNING = "grep -qs crossover_monitor.bench.worker /proc/[0-9]*/cmdline"
 # Free disk each build needs at its peak, on the filesystem of .cache/deploy, with the base image and the
 # wheelhouse already there: the build stage's virtual environment, then the final stage's copy of it, each
 # also written out once more while podman commits it. Measured with this suite's flags (--layers=false) on
@@ -215,7 +215,7 @@ def build_image(dockerfile: str, tag: str, needs_gb: float, extra: str = "") -> 
         "--format=docker",  # the OCI format has no HEALTHCHECK; podman would drop it
         "--network=none",
         # No cached layer per step: each would keep another copy of the virtual environment on disk, and a
-        # change under monitor/ reruns the pip step (and all after it) anyway.
+        # change under crossover_monitor/ reruns the pip step (and all after it) anyway.
         "--layers=false",
         f"--volume={wheels}:/wheels:ro",
         f"--volume={pip_conf}:/etc/pip.conf:ro",

@@ -15,9 +15,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.metrics import render_state
-from monitor.model import ServiceState
-from monitor.server import MetricsServer
+from crossover_monitor.metrics import render_state
+from crossover_monitor.model import ServiceState
+from crossover_monitor.server import MetricsServer
 from tests.conftest import REPO, free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -41,7 +41,7 @@ guard: {{require_nvml: false, gpu_max_host_wait: 1, cpu_max_other_cores: 64, hos
 
 
 class RunningService:
-    """``python -m monitor run`` with a config written to a temp dir; stopped by ``stop``."""
+    """``python -m crossover_monitor run`` with a config written to a temp dir; stopped by ``stop``."""
 
     def __init__(self, tmp_path: Path, config: str, extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
@@ -53,7 +53,7 @@ class RunningService:
             [
                 sys.executable,
                 "-m",
-                "monitor",
+                "crossover_monitor",
                 "--log-level",
                 "debug",
                 "run",
@@ -117,7 +117,7 @@ def started_services(directory: Path) -> Iterator[Callable[[str], RunningService
 
 
 def landing() -> str:
-    """A landing page for a server built without the service (the service's own is monitor/page.py's)."""
+    """A landing page for a server built without the service (the service's own is crossover_monitor/page.py's)."""
     return "<html><body><a href='/metrics'>/metrics</a></body></html>"
 
 

@@ -12,13 +12,13 @@ from typing import cast
 
 import pytest
 
-from monitor.bench.contract import BackendOptions, CheckedBackend
-from monitor.bench.hostinfo import usable_cpus
-from monitor.bench.registry import load_backend
-from monitor.bench.runner import run_plan
-from monitor.bench.timing import measure
-from monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from monitor.model import (
+from crossover_monitor.bench.contract import BackendOptions, CheckedBackend
+from crossover_monitor.bench.hostinfo import usable_cpus
+from crossover_monitor.bench.registry import load_backend
+from crossover_monitor.bench.runner import run_plan
+from crossover_monitor.bench.timing import measure
+from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
+from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
     DTYPES,
@@ -30,8 +30,8 @@ from monitor.model import (
     Mode,
     SweepResult,
 )
-from monitor.protocol import Environment, Message
-from monitor.sweep import run_sweep
+from crossover_monitor.protocol import Environment, Message
+from crossover_monitor.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan, with_bench
 
 pytestmark = pytest.mark.framework

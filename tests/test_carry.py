@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from monitor.carry import Wanted, merge, served
-from monitor.model import CrossoverState
-from monitor.state import StateStore
+from crossover_monitor.carry import Wanted, merge, served
+from crossover_monitor.model import CrossoverState
+from crossover_monitor.state import StateStore
 from tests.conftest import make_plan
 from tests.guardfakes import IDLE, JOB, sweep_with
 
@@ -56,7 +56,7 @@ def test_merge_drops_a_device_that_failed() -> None:
     _, good = sweep_with(lambda _: IDLE)
     snapshot = good.snapshot
     assert snapshot is not None
-    from monitor.model import DeviceFailure  # noqa: PLC0415
+    from crossover_monitor.model import DeviceFailure  # noqa: PLC0415
 
     failed = dataclasses.replace(
         snapshot,

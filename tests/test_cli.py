@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor import __version__
-from monitor.cli import main
-from monitor.model import GPU_PROBLEM, CrossoverState, HardwareContext, SweepOutcome, SweepResult
-from monitor.report import render_table
+from crossover_monitor import __version__
+from crossover_monitor.cli import main
+from crossover_monitor.model import GPU_PROBLEM, CrossoverState, HardwareContext, SweepOutcome, SweepResult
+from crossover_monitor.report import render_table
 from tests import builders
 from tests.conftest import REPO
 from tests.service import fake_config
@@ -28,7 +28,7 @@ def _once(tmp_path: Path, *flags: str, config: str = CONFIG) -> subprocess.Compl
     path = tmp_path / "config.yaml"
     path.write_text(config)
     return subprocess.run(
-        [sys.executable, "-m", "monitor", "once", "--config", str(path), *flags],
+        [sys.executable, "-m", "crossover_monitor", "once", "--config", str(path), *flags],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -172,7 +172,7 @@ def test_sigterm_stops_once_and_its_worker(tmp_path: Path) -> None:
     """SIGTERM during `once` kills the sweep's worker (its own process group) and exits 130."""
     path = tmp_path / "config.yaml"
     path.write_text(fake_config("slow"))
-    process = subprocess.Popen([sys.executable, "-m", "monitor", "once", "--config", str(path)], cwd=REPO)
+    process = subprocess.Popen([sys.executable, "-m", "crossover_monitor", "once", "--config", str(path)], cwd=REPO)
     try:
         workers: list[int] = []
         deadline = time.monotonic() + 20
@@ -222,9 +222,9 @@ def test_logfmt_lines_parse_back_to_their_fields() -> None:
     """--log.format logfmt: key=value pairs, values with spaces, quotes or line breaks quoted and escaped."""
     import logging  # noqa: PLC0415
 
-    from monitor.logs import LogfmtFormatter  # noqa: PLC0415
+    from crossover_monitor.logs import LogfmtFormatter  # noqa: PLC0415
 
-    record = logging.LogRecord("monitor", logging.WARNING, __file__, 1, 'sweep "a"\nended', None, None)
+    record = logging.LogRecord("crossover_monitor", logging.WARNING, __file__, 1, 'sweep "a"\nended', None, None)
     record.device = "/GPU:0"
     record.reason = "busy pid=12 (python)"
     line = LogfmtFormatter().format(record)
@@ -235,7 +235,7 @@ def test_logfmt_lines_parse_back_to_their_fields() -> None:
     }
     assert pairs["level"] == "warn"
     assert pairs["source"] == "test_cli.py:1"
-    assert pairs["logger"] == "monitor"
+    assert pairs["logger"] == "crossover_monitor"
     assert pairs["msg"] == 'sweep "a"\nended'
     assert pairs["device"] == "/GPU:0"
     assert pairs["reason"] == "busy pid=12 (python)"
@@ -247,10 +247,10 @@ def test_json_lines_use_prometheus_keys_and_text_lines_cannot_be_forged() -> Non
     a client's text with line breaks stays one line in the text format too (no forged journald line)."""
     import logging  # noqa: PLC0415
 
-    from monitor.logs import JsonFormatter, TextFormatter  # noqa: PLC0415
+    from crossover_monitor.logs import JsonFormatter, TextFormatter  # noqa: PLC0415
 
-    forged = "kubelet said: no\n2026-12-06T00:00:00.00Z ERROR   monitor.daemon: forged"
-    record = logging.LogRecord("monitor.guard", logging.INFO, "/x/guard.py", 7, forged, None, None)
+    forged = "kubelet said: no\n2026-12-06T00:00:00.00Z ERROR   crossover_monitor.daemon: forged"
+    record = logging.LogRecord("crossover_monitor.guard", logging.INFO, "/x/guard.py", 7, forged, None, None)
     record.detail = "a\nb"
     body = json.loads(JsonFormatter().format(record))
     assert list(body)[:5] == ["time", "level", "source", "msg", "logger"]
@@ -258,7 +258,8 @@ def test_json_lines_use_prometheus_keys_and_text_lines_cannot_be_forged() -> Non
     line = TextFormatter().format(record)
     assert "\n" not in line
     assert line.endswith(
-        "monitor.guard: kubelet said: no\\n2026-12-06T00:00:00.00Z ERROR   monitor.daemon: forged detail=a\\nb"
+        "crossover_monitor.guard: kubelet said: no\\n"
+        "2026-12-06T00:00:00.00Z ERROR   crossover_monitor.daemon: forged detail=a\\nb"
     )
 
 
@@ -286,7 +287,7 @@ def test_check_config_needs_the_file_once(argv: list[str], capsys: pytest.Captur
 
 def test_listen_address_takes_a_bare_port_and_keeps_its_old_name() -> None:
     """--web.listen-address :PORT listens on every interface; --listen is the same flag."""
-    from monitor.cli import _parse, _settings  # noqa: PLC0415
+    from crossover_monitor.cli import _parse, _settings  # noqa: PLC0415
 
     for flag in ("--web.listen-address", "--listen"):
         settings = _settings(_parse(["run", flag, ":9555"]))

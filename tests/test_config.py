@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from monitor.cli import main
-from monitor.config import load_settings, settings_from_mapping, with_listen
-from monitor.convert import parse_duration
-from monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
-from monitor.settings import (
+from crossover_monitor.cli import main
+from crossover_monitor.config import load_settings, settings_from_mapping, with_listen
+from crossover_monitor.convert import parse_duration
+from crossover_monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
+from crossover_monitor.settings import (
     DEFAULT_PORT,
     BenchmarkSettings,
     GuardSettings,

@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from monitor.config import load_settings
-from monitor.errors import EXIT_CONFIG, ConfigError, Problem
-from monitor.protocol import Plan
-from monitor.schedule import SweepScheduler
+from crossover_monitor.config import load_settings
+from crossover_monitor.errors import EXIT_CONFIG, ConfigError, Problem
+from crossover_monitor.protocol import Plan
+from crossover_monitor.schedule import SweepScheduler
 
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)
@@ -61,9 +61,9 @@ CASES = [
 
 def _check(path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "monitor", *args, str(path)]
+        [sys.executable, "-m", "crossover_monitor", *args, str(path)]
         if args == ("check-config",)
-        else [sys.executable, "-m", "monitor", *args],
+        else [sys.executable, "-m", "crossover_monitor", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from monitor.config import settings_from_mapping
-from monitor.coordinator import SweepCoordinator
-from monitor.model import RetryResult, SweepResult
-from monitor.protocol import Plan
-from monitor.state import StateStore
+from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.coordinator import SweepCoordinator
+from crossover_monitor.model import RetryResult, SweepResult
+from crossover_monitor.protocol import Plan
+from crossover_monitor.state import StateStore
 from tests.conftest import free_port
 from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
 
@@ -20,8 +20,8 @@ from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
 @pytest.mark.slow
 def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
-    from monitor.config import settings_from_mapping  # noqa: PLC0415
-    from monitor.daemon import Service  # noqa: PLC0415
+    from crossover_monitor.config import settings_from_mapping  # noqa: PLC0415
+    from crossover_monitor.daemon import Service  # noqa: PLC0415
 
     busy = dataclasses.replace(IDLE, processes=(JOB,))
     launches: list[Plan] = []

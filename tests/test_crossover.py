@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from monitor.crossover import (
+from crossover_monitor.crossover import (
     RECENT_SWEEPS,
     SpeedupPoint,
     crossovers,
@@ -17,7 +17,7 @@ from monitor.crossover import (
     locate,
     with_recent_moves,
 )
-from monitor.model import (
+from crossover_monitor.model import (
     Crossover,
     CrossoverState,
     DeviceInfo,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.metrics import (
+from crossover_monitor.metrics import (
     BENCHMARK_INFO,
     BUILD_INFO,
     CPU_OTHER_LOAD,
@@ -45,7 +45,7 @@ from monitor.metrics import (
     SWEEP_DURATION,
     SWEEPS,
 )
-from monitor.model import CrossoverState, WithheldReason
+from crossover_monitor.model import CrossoverState, WithheldReason
 from tests.conftest import REPO
 from tests.promql import (
     DASHBOARD,
@@ -270,7 +270,7 @@ def test_guard_table_colours_every_withheld_reason(dashboard: dict[str, Any]) ->
 
 
 def test_dashboard_reads_only_exported_metric_names(dashboard: dict[str, Any]) -> None:
-    """Every exporter metric the dashboard queries is in monitor.metrics.EXPOSED_NAMES."""
+    """Every exporter metric the dashboard queries is in crossover_monitor.metrics.EXPOSED_NAMES."""
     used = metric_names(dashboard_expressions(dashboard), recorded_names())
     assert DURATION in used
     assert used - EXPOSED_NAMES == set()

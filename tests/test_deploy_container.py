@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.cli import _parser
-from monitor.settings import DEFAULT_PORT
+from crossover_monitor.cli import _parser
+from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO, free_port, tool
 from tests.promql import SCRAPE_EXAMPLE, promtool
 
@@ -233,12 +233,17 @@ def test_build_context_keeps_what_the_dockerfiles_copy_and_nothing_else() -> Non
         for word, rest in instructions(dockerfile):
             if word == "COPY" and not rest.startswith("--from"):
                 copied.update(shlex.split(rest)[:-1])
-    assert copied == {"pyproject.toml", "README.md", "monitor"}
+    assert copied == {"pyproject.toml", "README.md", "crossover_monitor"}
     for source in copied:
         assert (REPO / source).exists(), source
         assert not dockerignore_excludes(source, patterns), source
-    assert not dockerignore_excludes("monitor/bench/worker.py", patterns)
-    for unwanted in (".git/HEAD", ".venv/bin/python", ".mypy_cache/x", "monitor/__pycache__/cli.cpython-311.pyc"):
+    assert not dockerignore_excludes("crossover_monitor/bench/worker.py", patterns)
+    for unwanted in (
+        ".git/HEAD",
+        ".venv/bin/python",
+        ".mypy_cache/x",
+        "crossover_monitor/__pycache__/cli.cpython-311.pyc",
+    ):
         assert dockerignore_excludes(unwanted, patterns), unwanted
     assert dockerignore_excludes("tests/test_config.py", patterns)
 

@@ -14,10 +14,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from monitor import __version__
-from monitor.cli import _parser
-from monitor.coordinator import STOP_WAIT_S
-from monitor.settings import DEFAULT_PORT
+from crossover_monitor import __version__
+from crossover_monitor.cli import _parser
+from crossover_monitor.coordinator import STOP_WAIT_S
+from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO
 from tests.promql import DASHBOARD, RULES, SCRAPE_EXAMPLE, promtool
 
@@ -366,7 +366,7 @@ def _json_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> d
 def test_the_pod_names_component_mounts_only_the_kubelets_socket_read_only() -> None:
     """The opt-in component: the kubelet's pod-resources directory read-only where the worker looks, as root
     (the socket's owner) but with no capability, no escalation and a read-only root file system."""
-    from monitor.bench.podresources import DEFAULT_SOCKET  # noqa: PLC0415
+    from crossover_monitor.bench.podresources import DEFAULT_SOCKET  # noqa: PLC0415
 
     component = load(HERE / "pod-names" / "kustomization.yaml")
     assert component["kind"] == "Component"

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from monitor.coordinator import STOP_WAIT_S
+from crossover_monitor.coordinator import STOP_WAIT_S
 from tests.conftest import free_port
 from tests.realdeploy import WORKER_RUNNING, podman
 from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOP_LINE = "INFO    monitor.coordinator: sweep stopped: the service is stopping"
+STOP_LINE = "INFO    crossover_monitor.coordinator: sweep stopped: the service is stopping"
 UID_GID = "10001:10001"
 
 Start = Callable[..., tuple[str, int]]

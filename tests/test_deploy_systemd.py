@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import _parser
-from monitor.coordinator import STOP_WAIT_S
-from monitor.errors import EXIT_CONFIG
+from crossover_monitor.cli import _parser
+from crossover_monitor.coordinator import STOP_WAIT_S
+from crossover_monitor.errors import EXIT_CONFIG
 from tests.conftest import REPO
 
 UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.config import load_settings
+from crossover_monitor.config import load_settings
 from tests.conftest import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "benchmarks" / "README.md"]

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.model import SweepResult
+from crossover_monitor.model import SweepResult
 from tests.conftest import free_port
 from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
 from tests.service import RunningService, fake_config, stop_process, wait_until

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor import metrics
-from monitor.codec import from_data
-from monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
-from monitor.model import (
+from crossover_monitor import metrics
+from crossover_monitor.codec import from_data
+from crossover_monitor.metrics import EXPOSED_NAMES, build_registry, exposition_type, render
+from crossover_monitor.model import (
     CostModel,
     Crossover,
     DeviceInfo,

@@ -20,11 +20,18 @@ from typing import Any
 
 import pytest
 
-from monitor.bench.guard import DISTURBED_PAUSE_S, GpuProcess, GpuSample, GpuSampler, GuardUnavailable, HostLoad
-from monitor.bench.podresources import PodResourcesUnavailable
-from monitor.bench.timing import BlockWatch
-from monitor.errors import EXIT_WITHHELD
-from monitor.model import (
+from crossover_monitor.bench.guard import (
+    DISTURBED_PAUSE_S,
+    GpuProcess,
+    GpuSample,
+    GpuSampler,
+    GuardUnavailable,
+    HostLoad,
+)
+from crossover_monitor.bench.podresources import PodResourcesUnavailable
+from crossover_monitor.bench.timing import BlockWatch
+from crossover_monitor.errors import EXIT_WITHHELD
+from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
     CrossoverState,
@@ -36,9 +43,9 @@ from monitor.model import (
     SweepResult,
     WithheldReason,
 )
-from monitor.protocol import Environment, Message
-from monitor.settings import GuardSettings
-from monitor.sweep import run_sweep
+from crossover_monitor.protocol import Environment, Message
+from crossover_monitor.settings import GuardSettings
+from crossover_monitor.sweep import run_sweep
 from tests.conftest import make_plan
 from tests.fakes import SPIN_FOR_A_MINUTE
 from tests.guardfakes import (
@@ -461,7 +468,7 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
 
     def once() -> dict[str, Any]:
         done = subprocess.run(
-            [sys.executable, "-m", "monitor", "once", "--json", "--config", str(config)],
+            [sys.executable, "-m", "crossover_monitor", "once", "--json", "--config", str(config)],
             capture_output=True,
             text=True,
             timeout=300,

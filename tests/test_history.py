@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
-from monitor.model import (
+from crossover_monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
+from crossover_monitor.model import (
     DeviceInfo,
     RecentCrossovers,
     ServiceState,
@@ -27,7 +27,7 @@ from monitor.model import (
     Withheld,
     WithheldReason,
 )
-from monitor.report import render_history
+from crossover_monitor.report import render_history
 from tests.builders import FULL_SNAPSHOT, measurement
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
@@ -232,11 +232,11 @@ def test_sigkill_mid_sweep_then_restart_serves_the_last_results_and_keeps_every_
 
 
 def test_history_command_prints_the_runs_and_names_a_missing_history(tmp_path: Path) -> None:
-    """`monitor history` prints the runs and their devices; a missing history is exit 1 with a clear line."""
+    """`crossover-monitor history` prints the runs and their devices; a missing history is exit 1 with a clear line."""
     history = RunHistory.open(tmp_path, keep_runs=10)
     history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
     history.close()
-    command = [sys.executable, "-m", "monitor", "history", "--directory"]
+    command = [sys.executable, "-m", "crossover_monitor", "history", "--directory"]
     done = subprocess.run([*command, str(tmp_path)], capture_output=True, text=True, cwd=REPO, check=False)
     assert done.returncode == 0, done.stderr
     assert "success" in done.stdout
@@ -415,7 +415,7 @@ def test_a_history_nested_too_deep_or_with_odd_columns_starts_the_service_and_li
         db.execute("UPDATE runs SET finished_at = 1e300 WHERE id = ?", (third,))
     db.close()
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "history", "--directory", str(state)],
+        [sys.executable, "-m", "crossover_monitor", "history", "--directory", str(state)],
         capture_output=True,
         text=True,
         cwd=REPO,

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from monitor.metrics import EXPOSED_NAMES, StateCollector, build_registry, exposition_type, render
-from monitor.model import (
+from crossover_monitor.metrics import EXPOSED_NAMES, StateCollector, build_registry, exposition_type, render
+from crossover_monitor.model import (
     CostModel,
     DeviceInfo,
     HardwareContext,
@@ -20,7 +20,7 @@ from monitor.model import (
     Withheld,
     WithheldReason,
 )
-from monitor.state import StateStore
+from crossover_monitor.state import StateStore
 from tests import builders
 from tests.service import parse
 
@@ -189,7 +189,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
 
 def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_one() -> None:
     """up: 1 when measured or withheld as busy; 0 when nothing of it was measured (e.g. out of memory every point)."""
-    from monitor.model import DeviceFailure  # noqa: PLC0415
+    from crossover_monitor.model import DeviceFailure  # noqa: PLC0415
 
     snapshot = _snapshot(100)
     key = builders.point_key("/GPU:0", 1024, backend="tensorflow")
@@ -210,10 +210,10 @@ def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_o
 
 
 def test_metrics_reference_lists_exactly_the_metric_table() -> None:
-    """Every metric of monitor.metrics.METRICS is in docs/metrics.md's reference, and the reference names no other."""
+    """Every metric of metrics.METRICS is in docs/metrics.md's reference, and the reference names no other."""
     import re  # noqa: PLC0415
 
-    from monitor.metrics import METRICS  # noqa: PLC0415
+    from crossover_monitor.metrics import METRICS  # noqa: PLC0415
     from tests.conftest import REPO  # noqa: PLC0415
 
     section = (REPO / "docs" / "metrics.md").read_text(encoding="utf-8")

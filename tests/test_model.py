@@ -1,5 +1,5 @@
-"""The derived facts named once in monitor.model: the built-in backends, which GPU is compared with which CPU, and each
-device's state."""
+"""The derived facts named once in crossover_monitor.model: the built-in backends, which GPU is compared with which
+CPU, and each device's state."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from monitor.bench.registry import BUILTIN
-from monitor.daemon import framework_version
-from monitor.model import (
+from crossover_monitor.bench.registry import BUILTIN
+from crossover_monitor.daemon import framework_version
+from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
     Crossover,
@@ -33,11 +33,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_each_builtin_backend_has_its_module_and_the_distribution_the_build_info_reports() -> None:
-    """One table: each built-in backend is monitor/bench/<name>_backend.py, and its framework's version is found
-    (the test environment installs all three); a plugin's is not known."""
+    """One table: each built-in backend is crossover_monitor/bench/<name>_backend.py, and its framework's version is
+    found (the test environment installs all three); a plugin's is not known."""
     assert tuple(BUILTIN) == BACKENDS
     for name, builtin in BUILTIN_BACKENDS.items():
-        assert (REPO / "monitor" / "bench" / f"{name}_backend.py").is_file()
+        assert (REPO / "crossover_monitor" / "bench" / f"{name}_backend.py").is_file()
         assert framework_version(name) == importlib.metadata.version(builtin.distributions[0])
     assert framework_version("package.module:attribute") == ""
     assert BUILTIN_BACKENDS["tensorflow"].gpu_device(1) == "/GPU:1"

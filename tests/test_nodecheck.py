@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor.cli import _parse
-from monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
+from crossover_monitor.cli import _parse
+from crossover_monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
 from tests.conftest import REPO, free_port
 from tests.fakeserver import reply, server, serving
 from tests.service import RunningService, fake_config, started_services, stop_process, wait_until
@@ -31,7 +31,7 @@ StartService = Callable[[str], RunningService]
 def node_check(*args: str) -> tuple[int, str]:
     """The command's exit status and its standard output, as node-problem-detector reads them."""
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "node-check", *args],
+        [sys.executable, "-m", "crossover_monitor", "node-check", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

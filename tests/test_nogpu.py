@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from monitor.bench.nogpu import (
+from crossover_monitor.bench.nogpu import (
     Facts,
     HostGpu,
     cuda_libraries,
@@ -246,7 +246,7 @@ def test_once_with_tensorflow_here_says_there_is_no_driver(tmp_path: Path) -> No
     config.write_text(
         "benchmark: {sizes: [8, 32], modes: [compute], timing: {size_budget: 200ms}}\nguard: {enabled: false}\n"
     )
-    command = [sys.executable, "-m", "monitor", "once", "--config", str(config)]
+    command = [sys.executable, "-m", "crossover_monitor", "once", "--config", str(config)]
 
     def once(*flags: str) -> str:
         done = subprocess.run([*command, *flags], cwd=REPO, capture_output=True, text=True, timeout=180, check=False)

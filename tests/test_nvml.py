@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from monitor.bench import nvml
-from monitor.bench.guard import GuardUnavailable
-from monitor.model import DeviceInfo
+from crossover_monitor.bench import nvml
+from crossover_monitor.bench.guard import GuardUnavailable
+from crossover_monitor.model import DeviceInfo
 
 GPU = DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-abc"),))
 

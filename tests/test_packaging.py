@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor import __version__
+from crossover_monitor import __version__
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -45,14 +45,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_wheel_holds_the_package_and_its_entry_point(built: Path) -> None:
-    """Every module of monitor/ is in the wheel, tests and benchmarks are not, and the command is declared."""
+    """Every module of crossover_monitor/ is in the wheel, tests and benchmarks are not, and the command is declared."""
     (wheel,) = built.glob(f"crossover_monitor-{__version__}-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    expected = {str(p.relative_to(REPO)) for p in (REPO / "monitor").rglob("*.py")}
+    expected = {str(p.relative_to(REPO)) for p in (REPO / "crossover_monitor").rglob("*.py")}
     assert expected <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
+    # One top-level package, named after the project: nothing as generic as "monitor" or "tests".
+    top_level = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top_level == {"crossover_monitor"}
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-    assert "crossover-monitor = monitor.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "crossover-monitor = crossover_monitor.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text or "License: Apache-2.0" in text
@@ -64,7 +67,7 @@ def test_the_sdist_carries_the_license_and_readme(built: Path) -> None:
     (sdist,) = built.glob(f"crossover_monitor-{__version__}.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
-    assert {"LICENSE", "README.md", "pyproject.toml", "monitor/cli.py"} <= names
+    assert {"LICENSE", "README.md", "pyproject.toml", "crossover_monitor/cli.py"} <= names
 
 
 def test_the_installed_wheel_runs_from_outside_the_checkout(built: Path, tmp_path: Path) -> None:
@@ -72,7 +75,7 @@ def test_the_installed_wheel_runs_from_outside_the_checkout(built: Path, tmp_pat
 
     Its dependencies (TensorFlow and the rest) come from the test environment's site-packages through a
     path file, which adds them without running that directory's own path files: this checkout's
-    editable install is not seen, and ``monitor`` can only come from the wheel.
+    editable install is not seen, and ``crossover_monitor`` can only come from the wheel.
     """
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
@@ -83,7 +86,9 @@ def test_the_installed_wheel_runs_from_outside_the_checkout(built: Path, tmp_pat
     (site / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     (wheel,) = built.glob("*.whl")
     _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel, cwd=tmp_path)
-    where = _run(python, "-c", "import monitor; print(monitor.__file__)", cwd=tmp_path).stdout.strip()
+    where = _run(
+        python, "-c", "import crossover_monitor; print(crossover_monitor.__file__)", cwd=tmp_path
+    ).stdout.strip()
     assert Path(where).is_relative_to(venv), where
     command = venv / "bin" / "crossover-monitor"
     assert _run(command, "--version", cwd=tmp_path).stdout.strip().endswith(__version__)

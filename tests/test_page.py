@@ -12,10 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from monitor import page
-from monitor.history import Run
-from monitor.model import GPU_PROBLEM, ServiceState, Snapshot, SweepOutcome, SweepResult, Withheld, WithheldReason
-from monitor.settings import Settings
+from crossover_monitor import page
+from crossover_monitor.history import Run
+from crossover_monitor.model import (
+    GPU_PROBLEM,
+    ServiceState,
+    Snapshot,
+    SweepOutcome,
+    SweepResult,
+    Withheld,
+    WithheldReason,
+)
+from crossover_monitor.settings import Settings
 from tests.builders import FULL_SNAPSHOT
 from tests.conftest import tool
 from tests.service import RunningService, fake_config, http_get, started_server, wait_until
@@ -211,7 +219,7 @@ def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
     assert picture.look(ServiceState()).state is page.PictureState.NONE  # no sweep, no picture
     # Drawing it leaves matplotlib out of the process that asked (the daemon).
     probe = (
-        "import sys; from monitor import page; from monitor.model import ServiceState; "
+        "import sys; from crossover_monitor import page; from crossover_monitor.model import ServiceState; "
         "from tests.builders import FULL_SNAPSHOT; from tests.test_page import _drawn; "
         "assert _drawn(page.SweepPicture(), ServiceState(latest=FULL_SNAPSHOT)).svg; "
         "print('matplotlib' in sys.modules)"

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from monitor.cli import main
-from monitor.model import (
+from crossover_monitor.cli import main
+from crossover_monitor.model import (
     DeviceInfo,
     Role,
     ServiceState,
@@ -22,9 +22,9 @@ from monitor.model import (
     SweepOutcome,
     SweepResult,
 )
-from monitor.plot import Chart, PlotError, from_json, from_url
-from monitor.report import render_json
-from monitor.server import MetricsServer
+from crossover_monitor.plot import Chart, PlotError, from_json, from_url
+from crossover_monitor.report import render_json
+from crossover_monitor.server import MetricsServer
 from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
@@ -168,7 +168,7 @@ def test_missing_matplotlib_prints_the_install_hint_and_exits_1(tmp_path: Path) 
     path = _json_file(tmp_path, _snapshot())
     # A None entry in sys.modules is Python's own way of making an import fail.
     code = (
-        "import sys; sys.modules['matplotlib'] = None; from monitor.cli import main; "
+        "import sys; sys.modules['matplotlib'] = None; from crossover_monitor.cli import main; "
         f"sys.exit(main(['plot', '--from-json', {str(path)!r}, {str(tmp_path / 'chart.png')!r}]))"
     )
     result = subprocess.run(
@@ -183,7 +183,7 @@ def test_missing_matplotlib_prints_the_install_hint_and_exits_1(tmp_path: Path) 
 @needs_matplotlib
 def test_chart_is_log_log_with_a_curve_per_device_and_mode_and_a_line_at_each_crossover(tmp_path: Path) -> None:
     """Both axes are logarithmic; CPU and GPU each get a curve per mode; each n* gets a vertical line there."""
-    from monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     chart = from_json(_json_file(tmp_path, _snapshot()))
     (axes,) = draw(chart).axes
@@ -200,7 +200,7 @@ def test_chart_is_log_log_with_a_curve_per_device_and_mode_and_a_line_at_each_cr
 @needs_matplotlib
 def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
     """A CPU-only sweep draws the CPU curves and names the no_gpu state in the legend instead of a crossover."""
-    from monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     (axes,) = draw(from_json(_json_file(tmp_path, _snapshot(devices=(CPU,))))).axes
     legend = axes.get_legend()
@@ -213,7 +213,7 @@ def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
 @needs_matplotlib
 def test_each_dtype_gets_its_own_panel(tmp_path: Path) -> None:
     """Two dtypes in one sweep give two panels, titled by dtype."""
-    from monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     figure = draw(from_json(_json_file(tmp_path, _snapshot(dtypes=("float32", "float16")))))
     assert [axes.get_title() for axes in figure.axes] == ["float16", "float32"]
@@ -242,7 +242,7 @@ def test_plot_from_a_real_once_json_and_a_running_service(tmp_path: Path) -> Non
     config = tmp_path / "config.yaml"
     config.write_text(fake_config())
     once = subprocess.run(
-        [sys.executable, "-m", "monitor", "once", "--json", "--config", str(config)],
+        [sys.executable, "-m", "crossover_monitor", "once", "--json", "--config", str(config)],
         cwd=REPO,
         capture_output=True,
         text=True,

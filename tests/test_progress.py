@@ -17,7 +17,15 @@ pytestmark = pytest.mark.slow
 
 def _once(config: Path, *, terminal: bool, json_output: bool = False) -> tuple[int, str]:
     """Run `once` with stderr on a pseudo-terminal (as a person sees it) or a pipe; its stderr as text."""
-    args = [sys.executable, "-m", "monitor", "once", "--config", str(config), *(["--json"] if json_output else [])]
+    args = [
+        sys.executable,
+        "-m",
+        "crossover_monitor",
+        "once",
+        "--config",
+        str(config),
+        *(["--json"] if json_output else []),
+    ]
     if not terminal:
         done = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
         return done.returncode, done.stderr

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.metrics import EXPOSED_NAMES
-from monitor.settings import DEFAULT_PORT
+from crossover_monitor.metrics import EXPOSED_NAMES
+from crossover_monitor.settings import DEFAULT_PORT
 from tests.promql import (
     ALERTS_DOC,
     RULE_TESTS,
@@ -115,7 +115,7 @@ def test_rules_file_is_plain_prometheus_rule_groups() -> None:
 
 
 def test_rules_read_only_exported_metric_names() -> None:
-    """Every exporter metric a rule expression reads is in monitor.metrics.EXPOSED_NAMES."""
+    """Every exporter metric a rule expression reads is in crossover_monitor.metrics.EXPOSED_NAMES."""
     used = metric_names([str(rule["expr"]) for rule in load_rules()], recorded_names())
     assert used, "no metric names found in the rules: the parser is broken"
     assert used - EXPOSED_NAMES == set()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.model import (
+from crossover_monitor.model import (
     DeviceFailure,
     DeviceInfo,
     HardwareContext,
@@ -13,8 +13,8 @@ from monitor.model import (
     Withheld,
     WithheldReason,
 )
-from monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode, encode
-from monitor.settings import BenchmarkSettings, GuardSettings
+from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode, encode
+from crossover_monitor.settings import BenchmarkSettings, GuardSettings
 from tests.builders import point_key, timing
 
 KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")

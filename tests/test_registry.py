@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from monitor.bench.contract import BackendOptions
-from monitor.bench.registry import load_backend
-from monitor.errors import BackendUnavailable
+from crossover_monitor.bench.contract import BackendOptions
+from crossover_monitor.bench.registry import load_backend
+from crossover_monitor.errors import BackendUnavailable
 
 OPTIONS = BackendOptions(cpu_threads=1, tf32=False)
 
@@ -25,7 +25,9 @@ def test_a_builtin_backend_that_cannot_be_imported_names_what_to_install(
     name: str, install: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each framework's own install line (there is no 'crossover-monitor[tensorflow]' extra: it is a dependency)."""
-    monkeypatch.setitem(sys.modules, f"monitor.bench.{name}_backend", None)  # import fails, as without the framework
+    monkeypatch.setitem(
+        sys.modules, f"crossover_monitor.bench.{name}_backend", None
+    )  # import fails, as without the framework
     with pytest.raises(BackendUnavailable) as raised:
         load_backend(name, OPTIONS)
     assert f"install it: {install})" in str(raised.value)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from monitor.model import DeviceInfo, SweepOutcome, SweepResult
-from monitor.report import read_json, render_json, render_table
+from crossover_monitor.model import DeviceInfo, SweepOutcome, SweepResult
+from crossover_monitor.report import read_json, render_json, render_table
 from tests.builders import measurement, snapshot
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from monitor.schedule import SweepScheduler, cron_problem, cron_trigger
+from crossover_monitor.schedule import SweepScheduler, cron_problem, cron_trigger
 
 
 @pytest.mark.parametrize(

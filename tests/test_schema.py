@@ -15,11 +15,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.config import settings_from_mapping
-from monitor.convert import MAX_SIZES
-from monitor.errors import ConfigError
-from monitor.schema import config_schema, render
-from monitor.settings import (
+from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.convert import MAX_SIZES
+from crossover_monitor.errors import ConfigError
+from crossover_monitor.schema import config_schema, render
+from crossover_monitor.settings import (
     BenchmarkSettings,
     GuardSettings,
     RefineSettings,
@@ -65,7 +65,7 @@ def test_shipped_schema_is_the_generated_one() -> None:
 def test_config_schema_command_prints_it() -> None:
     """`crossover-monitor config-schema` prints the schema, a valid draft-07 document."""
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "config-schema"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "crossover_monitor", "config-schema"], capture_output=True, text=True, check=True
     )
     schema = json.loads(done.stdout)
     jsonschema.Draft7Validator.check_schema(schema)

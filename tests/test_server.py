@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from monitor.httpserver import Request
-from monitor.metrics import render_state
-from monitor.model import ServiceState, SweepOutcome, SweepResult
-from monitor.server import _MetricsCache
-from monitor.state import StateStore
+from crossover_monitor.httpserver import Request
+from crossover_monitor.metrics import render_state
+from crossover_monitor.model import ServiceState, SweepOutcome, SweepResult
+from crossover_monitor.server import _MetricsCache
+from crossover_monitor.state import StateStore
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import RunningService, fake_config, http_get, parse, started_server
 

@@ -227,7 +227,16 @@ def test_taken_port_fails_start_with_exit_3(start: StartService) -> None:
     first = start(fake_config("slow", timeout="60s"))
     first.wait_for(lambda: first.get("/healthz")[0] == 200, 20, "healthz")
     clash = subprocess.run(
-        [sys.executable, "-m", "monitor", "run", "--config", str(first.config), "--listen", f"127.0.0.1:{first.port}"],
+        [
+            sys.executable,
+            "-m",
+            "crossover_monitor",
+            "run",
+            "--config",
+            str(first.config),
+            "--listen",
+            f"127.0.0.1:{first.port}",
+        ],
         capture_output=True,
         text=True,
         timeout=30,

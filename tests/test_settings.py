@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from monitor.config import settings_from_mapping
-from monitor.convert import MAX_SIZES
-from monitor.errors import ConfigError
-from monitor.settings import (
+from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.convert import MAX_SIZES
+from crossover_monitor.errors import ConfigError
+from crossover_monitor.settings import (
     BenchmarkSettings,
     HistorySettings,
     ScheduleSettings,

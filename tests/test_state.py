@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from monitor.carry import Wanted
-from monitor.model import (
+from crossover_monitor.carry import Wanted
+from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
     HostReference,
@@ -17,7 +17,7 @@ from monitor.model import (
     Withheld,
     WithheldReason,
 )
-from monitor.state import HOST_REFERENCES_KEPT, StateStore
+from crossover_monitor.state import HOST_REFERENCES_KEPT, StateStore
 from tests.guardfakes import IDLE, sweep_with
 
 

@@ -18,11 +18,11 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from monitor.errors import ConfigError
-from monitor.httpserver import HttpLimits, HttpServer, Response
-from monitor.model import ServiceState
-from monitor.server import Lifecycle, MetricsServer
-from monitor.webconfig import WebGate, parse
+from crossover_monitor.errors import ConfigError
+from crossover_monitor.httpserver import HttpLimits, HttpServer, Response
+from crossover_monitor.model import ServiceState
+from crossover_monitor.server import Lifecycle, MetricsServer
+from crossover_monitor.webconfig import WebGate, parse
 from tests.conftest import REPO, tool
 from tests.service import RunningService, fake_config, http_get, started_server
 from tests.test_deploy_container import run_healthcheck
@@ -377,7 +377,7 @@ def test_a_valid_scraper_is_served_through_a_flood_of_wrong_passwords(
 
     attackers = [threading.Thread(target=attack, args=(i,)) for i in range(8)]
     try:
-        with caplog.at_level(logging.WARNING, logger="monitor.webconfig"):
+        with caplog.at_level(logging.WARNING, logger="crossover_monitor.webconfig"):
             for thread in attackers:
                 thread.start()
             time.sleep(1)
@@ -432,7 +432,16 @@ def test_a_hostile_web_config_is_a_config_error_not_a_traceback(tmp_path: Path, 
         parse(path)
     assert said in str(raised.value)
     done = subprocess.run(
-        [sys.executable, "-m", "monitor", "run", "--web.config.file", str(path), "--web.listen-address", "127.0.0.1:1"],
+        [
+            sys.executable,
+            "-m",
+            "crossover_monitor",
+            "run",
+            "--web.config.file",
+            str(path),
+            "--web.listen-address",
+            "127.0.0.1:1",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

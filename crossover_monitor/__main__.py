@@ -1,0 +1,7 @@
+"""Entry point for ``python -m crossover_monitor``."""
+
+import sys
+
+from crossover_monitor.cli import main
+
+sys.exit(main())

@@ -1,0 +1,640 @@
+"""The interference guard: keeps the worker off GPUs and cores that other programs are using.
+
+A GPU is looked at (through a ``GpuSampler``, NVML in production) before and after each of its
+points: another program's process on it, or utilisation while this worker is not using it,
+makes it busy, and its points of this sweep are withheld. Every point is timed inside a
+window over which the host meter (``HostMeter``) measures the host's load from other processes
+and how long the worker's timing thread waited for a CPU: a CPU point during which others used cores
+its threads needed, or a GPU point whose host side waited for a CPU, is timed again once, then withheld.
+Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
+
+Pure apart from the samplers, meters, clock and sleep it is given, so that tests drive it with fakes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from crossover_monitor.bench.podresources import PodResourcesUnavailable
+from crossover_monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, BlockWatch
+from crossover_monitor.model import DeviceInfo, HardwareContext, HostReference, Withheld, WithheldReason, relative_iqr
+from crossover_monitor.settings import GuardSettings
+
+# A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
+_THROTTLING_TOLERATED = 0.02
+DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
+# A host reading may be this many relative IQRs of the idle readings slower before the host counts as slowed
+# (about 3 standard deviations of a normal spread), and a sweep without an idle baseline judges nothing before
+# it has this many readings of its own.
+_SPREADS_ALLOWED = 2.0
+# ... but never past this: a reference that noisy cannot tell a host that slows the points by half, and the
+# allowance it would earn let GPU points 1.5x their idle range pass beside one busy core on a noisy H100
+# (allowed 85% after a first sweep whose readings spread by 42%; benchmarks/README.md, "Blocks set aside").
+_SPREAD_ALLOWANCE_AT_MOST = 0.25
+_READINGS_TO_JUDGE = 8
+N = TypeVar("N", int, float)
+
+
+class GuardUnavailable(Exception):
+    """The guard cannot look at a device (NVML missing, failing, or the device not found in it)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuProcess:
+    pid: int
+    name: str = "?"  # the command name where this process's /proc can see it
+    visible: bool = True  # False: the pid is not in this process's PID namespace (a container)
+    used_memory_bytes: int | None = None  # None: the driver does not say
+    # Its SM utilisation over the last second from NVML's per-process samples; None: not known.
+    sm_utilization_pct: float | None = None
+
+    def idle_below(self, max_bytes: int) -> bool:
+        """A stray context: no kernel in the last second and no more memory than ``max_bytes``."""
+        memory, busy = self.used_memory_bytes, self.sm_utilization_pct
+        return busy is not None and busy == 0 and memory is not None and memory <= max_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSample:
+    """One look at a GPU; None where the GPU or driver does not say."""
+
+    processes: tuple[GpuProcess, ...]
+    utilization_pct: float | None = None
+    sm_clock_hz: float | None = None
+    sm_clock_max_hz: float | None = None
+    clock_events: tuple[str, ...] = ()
+    temperature_c: float | None = None
+    power_w: float | None = None
+    pcie_generation: int | None = None
+    pcie_width: int | None = None
+    pcie_generation_max: int | None = None
+    pcie_width_max: int | None = None
+    # NVML's running totals of the time the GPU was held below its requested clocks by its power or its
+    # thermal limit, and when they were read (monotonic seconds): their growth over a point says how
+    # long that point ran held back, however briefly it happened (a look after it could miss it).
+    power_limited_s: float | None = None
+    thermal_limited_s: float | None = None
+    read_at_s: float | None = None
+
+
+class GpuSampler(Protocol):
+    def sample(self, device: DeviceInfo) -> GpuSample:
+        """Look at the GPU behind ``device`` now; raises GuardUnavailable if it cannot."""
+        ...
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        """The driver's names for the GPU behind ``device`` (``uuid``, ``pci_bus_id``); raises GuardUnavailable."""
+        ...
+
+    def driver_version(self) -> str:
+        """The GPU driver's version ("580.159.04"); raises GuardUnavailable."""
+        ...
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """What other processes did on the worker's cores over a window."""
+
+    other_cores: float  # their CPU time over the window's wall time, in cores
+    throttled_s: float  # time the container's CPU quota throttled this cgroup
+    wall_s: float = 1.0  # how long the window lasted
+    # Time the VM's vCPUs waited for the host (steal), in cores, as /proc/stat's ticks sample it. Unlike
+    # another process it lands on the worker's own vCPUs, which the guest cannot route around. The steal
+    # that took a running vCPU is in other_cores; the wake-up latency of an idle one, which the steal
+    # clock counts too while the guest counts the same time idle, is not.
+    steal_cores: float = 0.0
+    # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
+    # worker's own threads, had them all); None where the kernel does not say.
+    own_wait: float | None = None
+    # The run-queue wait of all of the worker's threads over the window, summed, in cores (seconds of wait
+    # per second): a framework's CPU threads that share cores with others' work (a neighbour's BLAS thread
+    # the scheduler puts beside one of them) wait there, and every parallel call waits for the slowest.
+    threads_wait: float | None = None
+    # How much slower than its idle reference the host ran over the window (the host reference read before
+    # and after it against the fastest reading known, 1.0: as fast); None where the guard takes no readings.
+    host_slowdown: float | None = None
+
+
+class HostMeter(Protocol):
+    def start(self) -> object:
+        """An opaque reading to pass to ``stop``."""
+        ...
+
+    def stop(self, started: object) -> HostLoad: ...
+
+    def cores(self) -> int:
+        """The cores the worker may run on."""
+        ...
+
+    def threads_mark(self) -> object:
+        """A reading of the worker's threads' run-queue wait so far, to pass to ``threads_waited``."""
+        ...
+
+    def threads_waited(self, since: object) -> float | None:
+        """The worker's threads' run-queue wait since ``since``, summed, per second of it (in cores); None: unknown."""
+        ...
+
+
+@dataclass
+class _GpuRecord:
+    timed: bool = False  # this worker ran a point on it in this sweep
+    samples: list[GpuSample] = field(default_factory=list)
+    others_max: int = 0
+    opened: GpuSample | None = None  # the look before the point being timed
+    # per limit ("power", "thermal"): (seconds held back, seconds of points over which it was counted)
+    limited: dict[str, tuple[float, float]] = field(default_factory=dict)
+    host_wait_max: float | None = None  # the most its timing thread waited for a CPU, as a share of a point
+    host_slowdown_max: float | None = None
+
+    def add_try(self, load: HostLoad) -> None:
+        """Nothing: a GPU point's record keeps only the try that counts."""
+
+    def settle(self, load: HostLoad) -> None:
+        if load.own_wait is not None:
+            self.host_wait_max = max(load.own_wait, self.host_wait_max or 0.0)
+        self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
+
+    def close_point(self, after: GpuSample) -> None:
+        """Add how long the point that just ended ran held back by each limit NVML counts."""
+        before, self.opened = self.opened, None
+        if before is None or before.read_at_s is None or after.read_at_s is None:
+            return
+        window = after.read_at_s - before.read_at_s
+        for limit, start, end in (
+            ("power", before.power_limited_s, after.power_limited_s),
+            ("thermal", before.thermal_limited_s, after.thermal_limited_s),
+        ):
+            if start is not None and end is not None and end >= start and window > 0:
+                held, counted = self.limited.get(limit, (0.0, 0.0))
+                self.limited[limit] = (held + min(end - start, window), counted + window)
+
+    def limited_ratio(self, limit: str) -> float | None:
+        held, counted = self.limited.get(limit, (0.0, 0.0))
+        return held / counted if counted > 0 else None
+
+
+@dataclass
+class _CpuRecord:
+    other_cores_max: float = 0.0
+    throttled_s: float = 0.0
+    steal_cores_max: float = 0.0
+    host_slowdown_max: float | None = None
+    threads_wait_max: float | None = None
+    blocks_kept: int = 0
+    blocks_set_aside: int = 0  # timed blocks in which the worker's threads waited for a CPU (timed again)
+
+    def add_blocks(self, watch: _BlockWatch) -> None:
+        self.blocks_kept += watch.kept
+        self.blocks_set_aside += watch.set_aside
+
+    @property
+    def set_aside_ratio(self) -> float | None:
+        blocks = self.blocks_kept + self.blocks_set_aside
+        return self.blocks_set_aside / blocks if blocks else None
+
+    def add_try(self, load: HostLoad) -> None:
+        self.throttled_s += load.throttled_s  # every try's: a disturbed first try was throttled too
+
+    def settle(self, load: HostLoad) -> None:
+        self.other_cores_max = max(self.other_cores_max, load.other_cores)
+        self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
+        self.threads_wait_max = _highest((self.threads_wait_max, load.threads_wait))
+        self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
+
+
+@dataclass
+class _BlockWatch:
+    """The worker's threads' run-queue wait over each timed block of a CPU point.
+
+    Every parallel call waits for its slowest thread, so threads that waited ``w`` cores' worth over a block
+    (a neighbour's thread sharing a core with one of them) stalled it by up to ``w`` of its time: a block
+    they waited more than ``allowed`` in is set aside and another timed. A neighbour the scheduler moves
+    between cores leaves undisturbed blocks between those it slowed (beside one busy core of 16, the
+    threads waited 0.12-0.30 cores over whole points, and some points published 1.5x slower:
+    benchmarks/README.md, "the threads' wait").
+    """
+
+    host: HostMeter
+    allowed: float
+    kept: int = 0
+    set_aside: int = 0
+    most: float | None = None  # the most they waited over one block, in cores
+
+    def mark(self) -> object:
+        return self.host.threads_mark()
+
+    def disturbed(self, since: object) -> bool:
+        waited = self.host.threads_waited(since)
+        self.most = _highest((self.most, waited))
+        if waited is not None and waited > self.allowed:
+            self.set_aside += 1
+            return True
+        self.kept += 1
+        return False
+
+    def problem(self) -> str | None:
+        """Why too few of the point's blocks stood to time it, or None."""
+        if not self.set_aside or self.kept >= MIN_BLOCKS_ON_BUDGET:
+            return None
+        return (
+            f"its threads waited for a CPU in {self.set_aside} of its {self.kept + self.set_aside} timed blocks "
+            f"(up to {self.most or 0.0:.2f} cores, allowed {self.allowed:.2f}; a parallel call waits for its "
+            "slowest thread)"
+        )
+
+
+class _HostRecord(Protocol):
+    """What a device's record keeps of the host's load over its points."""
+
+    def add_try(self, load: HostLoad) -> None:
+        """Each timed try of a point, as soon as it ends."""
+        ...
+
+    def settle(self, load: HostLoad) -> None:
+        """The try that counts: the last one (a disturbed first try timed again does not)."""
+        ...
+
+
+class Guard:
+    """Decides, from what the GPU sampler and host meter see, whether a point may be timed and whether it stands."""
+
+    def __init__(
+        self,
+        settings: GuardSettings,
+        *,
+        gpu_sampler: GpuSampler | None,
+        gpu_sampler_problem: str = "",
+        host: HostMeter | None,
+        own_pid: int,
+        sleep: Callable[[float], None],
+        pods: Callable[[str], Sequence[str]] | None = None,
+        reference: Callable[[], float] | None = None,
+        reference_baseline: HostReference | None = None,
+    ) -> None:
+        """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes.
+
+        ``reference`` takes one reading of the host reference (``crossover_monitor.bench.hostprobe``), in seconds;
+        ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
+        """
+        self._settings = settings
+        self._reference = reference
+        self._reference_baseline = reference_baseline
+        # What a reading is held against: the baseline, or this sweep's median reading where that is faster.
+        self._reference_best: float | None = None
+        self._readings: list[float] = []  # this sweep's
+        self._pods = pods
+        self._gpu_sampler = gpu_sampler
+        self._gpu_sampler_problem = gpu_sampler_problem
+        self._host = host
+        self._own_pid = own_pid
+        self._sleep = sleep
+        self._gpus: dict[str, _GpuRecord] = {}
+        self._cpus: dict[str, _CpuRecord] = {}
+
+    # --- GPUs -------------------------------------------------------------------------------
+
+    def identity(self, device: DeviceInfo) -> dict[str, str]:
+        """NVML's UUID and PCI bus id of a GPU, for joining with other exporters; empty where NVML is not there."""
+        if self._gpu_sampler is None or device.kind != "gpu":
+            return {}
+        try:
+            return self._gpu_sampler.identity(device)
+        except GuardUnavailable:
+            return {}
+
+    def driver_version(self) -> str:
+        """The GPU driver's version, for the sweep's environment; empty where NVML is not there."""
+        if self._gpu_sampler is None:
+            return ""
+        try:
+            return self._gpu_sampler.driver_version()
+        except GuardUnavailable:
+            return ""
+
+    def before_gpu_point(self, device: DeviceInfo) -> Withheld | None:
+        """None if the GPU may be timed now; otherwise why it may not."""
+        return self._look(device, before=True)
+
+    def after_gpu_point(self, device: DeviceInfo) -> Withheld | None:
+        """None if nobody else came while the point was timed; otherwise why the point cannot stand."""
+        self._gpus.setdefault(device.device, _GpuRecord()).timed = True
+        return self._look(device, before=False)
+
+    def _look(self, device: DeviceInfo, *, before: bool) -> Withheld | None:
+        if not self._settings.enabled:
+            return None
+        record = self._gpus.setdefault(device.device, _GpuRecord())
+        if before:  # a point starts: no earlier look may pair with the look after it
+            record.opened = None
+        if self._gpu_sampler is None:
+            return self._unguarded(device, self._gpu_sampler_problem)
+        try:
+            sample = self._gpu_sampler.sample(device)
+        except GuardUnavailable as exc:
+            return self._unguarded(device, str(exc))
+        if before:
+            record.opened = sample
+        else:
+            record.samples.append(sample)
+            record.close_point(sample)
+        others = self._other_processes(sample)
+        record.others_max = max(record.others_max, len(others))
+        seen: list[str] = []
+        if len(others) > self._settings.gpu_max_other_processes:
+            names = ", ".join(f"pid {p.pid} {p.name}" for p in others[:5])
+            seen.append(f"{len(others)} other process{'es' if len(others) != 1 else ''} ({names})")
+        # Utilisation says who only when this worker is not the one using the GPU: before its first point.
+        utilization = sample.utilization_pct
+        if (
+            before
+            and not record.timed
+            and utilization is not None
+            and utilization > self._settings.gpu_max_utilization_pct
+        ):
+            seen.append(f"{sample.utilization_pct:g}% utilisation before this worker used it")
+        if not seen:
+            return None
+        when = "before its point" if before else "while it was timed"
+        detail = f"{'; '.join(seen)} {when}{self._holders(device)}"
+        return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.GPU_BUSY, detail=detail)
+
+    def _holders(self, device: DeviceInfo) -> str:
+        """``; allocated to pod ns/name``: who holds a busy GPU, where NVML's host PIDs cannot say (no hostPID)."""
+        if self._pods is None:
+            return ""
+        uuid = self.identity(device).get("uuid")
+        if not uuid:
+            return ""
+        try:
+            pods = self._pods(uuid)
+        except PodResourcesUnavailable as exc:
+            return f"; which pod holds it is unknown ({exc})"
+        if not pods:
+            return f"; no pod's allocation names {uuid} (a process outside the device plugin's, or MIG or index ids)"
+        return f"; allocated to pod {', '.join(pods)}"
+
+    def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
+        """Processes of other programs: all but this worker's.
+
+        NVML names processes by their host PID. In a container with its own PID namespace the
+        worker cannot find itself among them (their pids are not in its /proc): there one hidden
+        process is taken to be the worker's own context, and only the rest count. Where it finds
+        itself, every other process counts, hidden or not (systemd's ProtectProc hides other users'). A job already on
+        the GPU is then noticed after the GPU's first point, when the worker's context joins it.
+        """
+        others = [p for p in sample.processes if p.pid != self._own_pid]
+        hidden = [p for p in others if not p.visible]
+        if hidden and len(others) == len(sample.processes):  # it did not find itself: a PID namespace apart
+            others.remove(min(hidden, key=lambda p: p.used_memory_bytes or 0))  # the worker's: the smallest
+        stray = self._settings.gpu_idle_process_max_mib * 2**20
+        return [p for p in others if not p.idle_below(stray)]
+
+    def _unguarded(self, device: DeviceInfo, problem: str) -> Withheld | None:
+        if not self._settings.require_nvml:
+            return None
+        detail = (
+            f"the guard cannot see whether other programs use this GPU ({problem}); set guard.require_nvml: false "
+            "to time GPUs unguarded"
+        )
+        return Withheld(backend=device.backend, device=device.device, reason=WithheldReason.UNGUARDED, detail=detail)
+
+    # --- the host's cores ------------------------------------------------------------------
+
+    def time_cpu_point(
+        self, device: DeviceInfo, threads: int, measure: Callable[[BlockWatch | None], object]
+    ) -> Withheld | None:
+        """Run ``measure`` (one CPU point) under the host meter; timed again once if others disturbed it.
+
+        Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
+        beyond that, one of its threads shares a core with them and every parallel call waits for it.
+        Where the threads leave a core to the thread timing them, ``measure`` sets aside the blocks they waited
+        for a CPU in (``_BlockWatch``): a point with too few blocks left is disturbed too.
+        """
+        host = self._host
+        if not self._settings.enabled or host is None:
+            measure(None)
+            return None
+        cores = host.cores()
+        allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
+        record = self._cpus.setdefault(device.device, _CpuRecord())
+        watches: list[_BlockWatch] = []
+
+        def watched() -> None:
+            watches.append(_BlockWatch(host, self._settings.host_max_slowdown))
+            # Where its threads and the thread timing them outnumber the cores, they wait for each other
+            # (TensorFlow's 2 threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign.
+            measure(watches[-1] if threads < cores else None)
+            record.add_blocks(watches[-1])
+
+        def problems(load: HostLoad) -> list[str]:
+            found = []
+            if load.other_cores > allowed:
+                used = f"other processes used {load.other_cores:.2f} cores of the {cores} this worker may use"
+                found.append(f"{used}, where its {threads} threads leave room for {allowed:.2f}")
+            if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
+                found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
+            stalled = watches[-1].problem()
+            if stalled is not None:
+                found.append(stalled)
+            return found
+
+        return self._metered(host, device, watched, problems, record, host_share=lambda: 1.0)
+
+    def time_gpu_point(
+        self, device: DeviceInfo, measure: Callable[[], object], host_share: Callable[[], float] = lambda: 1.0
+    ) -> Withheld | None:
+        """Run ``measure`` (one GPU point) under the host meter; timed again once if its host side waited for a CPU.
+
+        A GPU point's host side (launches, copies from pageable memory, the wait at each block's end)
+        runs on the thread that times it: if that thread sat runnable without a CPU for more than
+        ``gpu_max_host_wait`` of the point, the GPU's time includes that wait. Others' load alone
+        cannot tell, since it cannot exceed what the worker leaves them.
+
+        ``host_share`` (read after ``measure``): the share of the point's time that is the host's (its fixed
+        cost over its median, for a compute point), by which a slower host moves it.
+        """
+        host = self._host
+        if not self._settings.enabled or host is None:
+            measure()
+            return None
+
+        def problems(load: HostLoad) -> list[str]:
+            # Quota throttling is the CPU's criterion: the container's counter covers all of the worker's threads.
+            if load.own_wait is None or load.own_wait <= self._settings.gpu_max_host_wait:
+                return []
+            others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
+            return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
+
+        record = self._gpus.setdefault(device.device, _GpuRecord())
+        return self._metered(host, device, measure, problems, record, host_share=host_share)
+
+    def _metered(
+        self,
+        host: HostMeter,
+        device: DeviceInfo,
+        measure: Callable[[], object],
+        problems: Callable[[HostLoad], list[str]],
+        record: _HostRecord,
+        *,
+        host_share: Callable[[], float],
+    ) -> Withheld | None:
+        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
+
+        Beside what the meter counts, the host reference is read before and after the point: a host that
+        ran slower than its idle reference moved the point by about that slowdown times its host share.
+        """
+        found: list[str] = []
+        slowed: str | None = None
+        load = HostLoad(0.0, 0.0, 1.0)
+        for attempt in range(2):
+            if attempt:
+                self._sleep(DISTURBED_PAUSE_S)
+            before = self._read_reference()
+            started = host.start()
+            measure()
+            load = host.stop(started)
+            load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
+            record.add_try(load)
+            found = problems(load)
+            slowed = self._slowed(load, host_share())
+            if not found and slowed is None:
+                break
+        record.settle(load)
+        if found:
+            reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
+        elif slowed is not None:
+            reason, detail = WithheldReason.HOST_SLOWED, slowed
+        else:
+            return None
+        return Withheld(backend=device.backend, device=device.device, reason=reason, detail=detail + " (timed twice)")
+
+    def _read_reference(self) -> float | None:
+        if self._reference is None or not self._settings.enabled:
+            return None
+        reading = self._reference()
+        return reading if math.isfinite(reading) and reading > 0 else None
+
+    def _slowdown(self, before: float | None, after: float | None) -> float | None:
+        """The faster of two readings against the idle baseline, or this sweep's median reading where faster:
+        a slowdown that lasted over the whole point. (The slower one would also count a reading that one
+        preemption or the caches the point left cold happened to slow: on the idle 2-core VM 2% of pairs of
+        back-to-back readings had one 10% over the median, and none had both.)
+
+        Medians, not the fastest reading: a reading moves on its own on a VM (vCPU frequency, cache state),
+        and the fastest of a sweep's hundred readings is the tail of that, not the host's figure.
+        """
+        readings = [r for r in (before, after) if r is not None]
+        if not readings:
+            return None
+        self._readings += readings
+        typical = statistics.median(self._readings)
+        baseline = self._reference_baseline
+        self._reference_best = min(typical, baseline.median_s) if baseline is not None else typical
+        return min(readings) / self._reference_best
+
+    def _allowed(self) -> float | None:
+        """How far the host may be slowed before a point counts as moved: ``host_max_slowdown``, or more
+        where the reference's readings move that much on their own (``_SPREADS_ALLOWED`` relative IQRs of
+        the idle baseline's, else of this sweep's first readings, up to ``_SPREAD_ALLOWANCE_AT_MOST``); None
+        while too few say how much they move."""
+        if self._reference_baseline is not None:
+            spread = self._reference_baseline.spread
+        elif len(self._readings) >= _READINGS_TO_JUDGE:
+            # The first readings only: a slowed stretch later in the sweep must not widen its own allowance.
+            spread = _relative_spread(self._readings[:_READINGS_TO_JUDGE])
+        else:
+            return None
+        widened = min(_SPREADS_ALLOWED * spread, _SPREAD_ALLOWANCE_AT_MOST)
+        return max(self._settings.host_max_slowdown, widened)
+
+    def _slowed(self, load: HostLoad, share: float) -> str | None:
+        """Why the point's time is the slowed host's, or None: the slowdown times its host share is in bounds."""
+        allowed = self._allowed()
+        if load.host_slowdown is None or self._reference_best is None or allowed is None:
+            return None
+        moved = (load.host_slowdown - 1.0) * min(max(share, 0.0), 1.0)
+        if moved <= allowed:
+            return None
+        reading = load.host_slowdown * self._reference_best
+        return (
+            f"the host ran {load.host_slowdown:.2f}x slower than its idle reference while it was timed "
+            f"({reading * 1e3:.3g} ms against {self._reference_best * 1e3:.3g} ms), which moves a point "
+            f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
+        )
+
+    @property
+    def host_reference(self) -> HostReference | None:
+        """What this sweep's readings of the host reference were; None if it took none."""
+        if not self._readings:
+            return None
+        return HostReference(median_s=statistics.median(self._readings), spread=_relative_spread(self._readings))
+
+    # --- what the hardware looked like ------------------------------------------------------
+
+    def contexts(self, devices: Sequence[DeviceInfo]) -> list[HardwareContext]:
+        """One context per device that was timed under the guard."""
+        found = []
+        for device in devices:
+            gpu = self._gpus.get(device.device)
+            if gpu is not None and (gpu.samples or gpu.host_wait_max is not None or gpu.host_slowdown_max is not None):
+                found.append(_gpu_context(device, gpu))
+            cpu = self._cpus.get(device.device)
+            if cpu is not None:
+                found.append(
+                    HardwareContext(
+                        backend=device.backend,
+                        device=device.device,
+                        other_cpu_cores=cpu.other_cores_max,
+                        cpu_throttled_s=cpu.throttled_s,
+                        cpu_steal_cores=cpu.steal_cores_max,
+                        cpu_threads_wait_cores=cpu.threads_wait_max,
+                        cpu_blocks_set_aside_ratio=cpu.set_aside_ratio,
+                        host_slowdown_max=cpu.host_slowdown_max,
+                    )
+                )
+        return found
+
+
+def _relative_spread(readings: Sequence[float]) -> float:
+    """The readings' relative IQR read from their lower half (twice median less first quartile, inclusive
+    quartiles): a host slowed for a stretch of the sweep only reads slower, and its slow readings in the upper
+    quartile would widen the next sweeps' allowance by the very slowdown it is to catch."""
+    if len(readings) < 2:  # noqa: PLR2004 - a spread needs two
+        return 0.0
+    q1, median, _ = statistics.quantiles(readings, n=4, method="inclusive")
+    return relative_iqr(median, 2 * (median - q1))
+
+
+def _lowest(values: Iterable[N | None]) -> N | None:
+    return min((v for v in values if v is not None), default=None)
+
+
+def _highest(values: Iterable[N | None]) -> N | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
+    samples = record.samples
+    return HardwareContext(
+        backend=device.backend,
+        device=device.device,
+        sm_clock_min_hz=_lowest(s.sm_clock_hz for s in samples),
+        sm_clock_max_hz=_highest(s.sm_clock_max_hz for s in samples),
+        clock_events=tuple(sorted({reason for s in samples for reason in s.clock_events})),
+        temperature_max_c=_highest(s.temperature_c for s in samples),
+        power_max_w=_highest(s.power_w for s in samples),
+        pcie_generation_min=_lowest(s.pcie_generation for s in samples),
+        pcie_width_min=_lowest(s.pcie_width for s in samples),
+        pcie_generation_max=_highest(s.pcie_generation_max for s in samples),
+        pcie_width_max=_highest(s.pcie_width_max for s in samples),
+        other_processes_max=record.others_max if samples else None,
+        power_limited_ratio=record.limited_ratio("power"),
+        thermal_limited_ratio=record.limited_ratio("thermal"),
+        host_wait_ratio=record.host_wait_max,
+        host_slowdown_max=record.host_slowdown_max,
+    )

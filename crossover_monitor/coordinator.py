@@ -1,0 +1,267 @@
+"""The sweeps: on the schedule, the busy-GPU retries between them and manual ones, one worker at a time.
+
+Each outcome is recorded as it ends: into the served state (``crossover_monitor.state``) and the run history.
+The service's life cycle (server, signals, reloads, stopping) is ``crossover_monitor.daemon``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from crossover_monitor.history import RunHistory
+from crossover_monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
+from crossover_monitor.preflight import host_problem
+from crossover_monitor.protocol import Plan
+from crossover_monitor.schedule import SweepScheduler
+from crossover_monitor.settings import Settings
+from crossover_monitor.state import StateStore
+from crossover_monitor.sweep import KILL_GRACE_S, Launcher, run_sweep
+
+log = logging.getLogger(__name__)
+
+# A sweep still running this long after its deadline means its kill path is stuck.
+_STUCK_AFTER_DEADLINE_S = 30.0
+# A due sweep that has not started this long after its time means the scheduler thread is gone.
+_OVERDUE_AFTER_S = 120.0
+# How long stop() waits for a sweep in flight: SIGTERM, the grace, SIGKILL, reaping. The systemd
+# unit's TimeoutStopSec and the pod's terminationGracePeriodSeconds must leave room for it.
+STOP_WAIT_S = KILL_GRACE_S * 2 + 1
+
+
+class SweepCoordinator:
+    """Runs and records every sweep and retry of the service, on its schedule or when asked."""
+
+    def __init__(self, settings: Settings, store: StateStore, history: RunHistory | None, *, launch: Launcher) -> None:
+        self._settings = settings
+        self._store = store
+        self._history = history
+        self._launch = launch
+        self._manual_lock = threading.Lock()
+        self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
+        self._remember_lock = threading.Lock()
+        self._next_sweep_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._cancel_sweep = threading.Event()
+        self._sweep_idle = threading.Event()
+        self._sweep_idle.set()
+        self._sweep_started: float | None = None
+        self._worker_lock = threading.Lock()
+        self._given_up: set[str] = set()  # devices with a fatal failure: not retried until restart
+        schedule = settings.schedule
+        self._scheduler = SweepScheduler(
+            job=self._sweep,
+            on_skipped=self._skipped,
+            interval_s=schedule.interval_s,
+            cron=schedule.cron,
+            jitter_s=schedule.jitter_s,
+        )
+
+    def start(self) -> None:
+        """Start the schedule: the first sweep runs right away."""
+        self._scheduler.start()
+        self._note_next_sweep()
+
+    def _note_next_sweep(self) -> None:
+        """The schedule's next sweep into the served state, after each change to it: its start, a reload,
+        each scheduled sweep as it begins (or is skipped). Read and recorded together, so that of two
+        changes at once the later one's time stays."""
+        with self._next_sweep_lock:
+            self._store.record_next_sweep(self._scheduler.next_run_at())
+
+    def use(self, settings: Settings) -> None:
+        """Settings reloaded: the schedule changes now, the rest for the next sweep (one in flight keeps its plan)."""
+        self._settings = settings
+        schedule = settings.schedule
+        self._scheduler.reschedule(interval_s=schedule.interval_s, cron=schedule.cron, jitter_s=schedule.jitter_s)
+        self._note_next_sweep()
+
+    def stop(self) -> bool:
+        """No more sweeps; the one in flight is cancelled. False if it did not end within STOP_WAIT_S."""
+        self._stopping.set()
+        self._cancel_sweep.set()
+        self._scheduler.shutdown()
+        return self._sweep_idle.wait(STOP_WAIT_S)
+
+    def stuck(self) -> str | None:
+        """Why sweeps no longer run (no scheduler, a due sweep not started, one that cannot be stopped), or None."""
+        if not self._scheduler.running:
+            return "the scheduler is not running"
+        due = self._scheduler.next_run_at()
+        if self._sweep_started is None and due is not None and time.time() - due > _OVERDUE_AFTER_S:
+            return f"the next sweep was due {time.time() - due:.0f}s ago and has not started"
+        started = self._sweep_started
+        limit = self._settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
+        if started is not None and time.monotonic() - started > limit:
+            return f"a sweep has been running for more than {limit:g}s and could not be stopped"
+        return None
+
+    def request_sweep(self) -> tuple[bool, str]:
+        """A sweep now (SIGUSR1, POST /-/sweep), counted and recorded like a scheduled one.
+
+        Refused while one runs or one asked for has not ended yet: each yes is a sweep of its own.
+        """
+        with self._manual_lock:
+            if self._manual_pending or self._worker_lock.locked():
+                log.info("manual sweep refused: a sweep or retry is running or about to")
+                return False, "a sweep or retry is running or about to; try again when it ends"
+            self._manual_pending = True
+        log.info("manual sweep requested")
+        try:
+            self._scheduler.run_later(self._manual_sweep, 0, name="manual")
+        except Exception:
+            with self._manual_lock:
+                self._manual_pending = False
+            raise
+        return True, "sweep started"
+
+    def _manual_sweep(self) -> None:
+        # Pending until the job has ended, not only begun: a second job of the same name accepted while this
+        # one still runs would be skipped by the scheduler (one instance at a time), its flag never cleared.
+        try:
+            self._sweep()
+        finally:
+            with self._manual_lock:
+                self._manual_pending = False
+
+    def _sweep(self) -> None:
+        # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
+        # job waits for, so this reads the new time; noted again at the end, should a release change that.
+        self._note_next_sweep()
+        plan = Plan(
+            bench=self._settings.benchmark,
+            guard=self._settings.guard,
+            given_up=tuple(sorted(self._given_up)),
+            host_baseline=self._store.read().host_baseline,
+        )
+        self._run_worker(plan, retry=False)
+        self._note_next_sweep()
+
+    def _retry_busy(self) -> None:
+        """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
+        latest = self._store.read().latest
+        busy = latest.gpus_to_retry if latest else ()
+        if not busy or latest is None:
+            return
+        cpus = [cpu.device for cpu, gpus in gpu_cpu_pairs(latest.devices) if {g.device for g in gpus} & set(busy)]
+        plan = Plan(
+            # It names some GPUs only: the rest are not missing.
+            bench=dataclasses.replace(self._settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),
+            guard=self._settings.guard,
+            given_up=tuple(sorted(self._given_up)),
+            retry=True,
+            host_baseline=self._store.read().host_baseline,
+        )
+        self._run_worker(plan, retry=True)
+
+    def _run_worker(self, plan: Plan, *, retry: bool) -> None:
+        if self._stopping.is_set():
+            return
+        # One worker at a time: a retry never runs beside a sweep; a sweep waits for a retry to end.
+        if not self._worker_lock.acquire(blocking=not retry):
+            log.info("retry of busy GPUs skipped: a sweep is running")
+            return
+        if self._stopping.is_set():  # it waited for a retry while the service began to stop
+            self._worker_lock.release()
+            return
+        self._sweep_idle.clear()
+        self._sweep_started = time.monotonic()
+        started_at = time.time()
+        what = "retry" if retry else "sweep"
+        try:
+            outcome = self._time(plan, what, started_at)
+            if self._stopping.is_set() and not outcome.result.completed:
+                # Cut short by the stop: not a failure, and logged in the same words whatever the worker said.
+                log.info(f"{what} stopped: the service is stopping", extra={"duration_s": round(outcome.duration_s, 3)})
+            else:
+                self._record(outcome, retry=retry)
+        except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
+            log.exception(f"{what} crashed")
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            failed = SweepOutcome(
+                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=reason
+            )
+            if retry:
+                self._store.record_retry(failed)
+            else:
+                self._store.record(failed)
+            self._remember("retry" if retry else "sweep", failed)
+        finally:
+            self._sweep_started = None
+            self._sweep_idle.set()
+            self._worker_lock.release()
+        try:
+            self._schedule_retry()
+        except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
+            log.exception("could not schedule a retry of busy GPUs")
+
+    def _skipped(self, reason: str) -> None:
+        self._note_next_sweep()
+        self._store.record_skipped()
+        self._remember("skipped", None, reason)
+
+    def _remember(self, kind: str, outcome: SweepOutcome | None, reason: str = "") -> None:
+        """The run and what is served now, into the history (when there is one)."""
+        if self._history is not None:
+            # Read and written together: a skip recorded from the scheduler's thread while a sweep ends
+            # cannot leave an older served state as the latest row.
+            with self._remember_lock:
+                self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
+
+    def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
+        bench = plan.bench
+        log.info(f"{what} started", extra={"backend": bench.backend, "devices": bench.devices or "auto"})
+        problem = host_problem()
+        if problem is not None:  # say so, not a traceback (or slow timings) per sweep
+            return SweepOutcome(
+                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=problem
+            )
+        return run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
+
+    def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
+        self._give_up_on_fatal(outcome)
+        fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
+        problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
+        if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
+            fields["no_gpu"] = problem
+        # Trimmed once to the configuration loaded now, so the store and the history record the same outcome
+        # even if a reload comes in between (the store's own trim of it then changes nothing).
+        recorded = self._store.as_wanted(outcome)
+        if retry:
+            fields["result"] = self._store.record_retry(recorded).value
+            self._remember("retry", recorded)
+            log.info("retry finished", extra=fields)
+            return
+        self._store.record(recorded)
+        self._remember("sweep", recorded)
+        if outcome.result is SweepResult.SUCCESS:
+            log.info("sweep finished", extra=fields)
+        elif outcome.result.completed:  # the guard withheld devices: said at warning, with each one's reason
+            log.warning("sweep finished", extra={**fields, "reason": outcome.reason})
+        else:
+            log.error("sweep failed", extra={**fields, "reason": outcome.reason})
+
+    def _schedule_retry(self) -> None:
+        """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""
+        interval = self._settings.guard.retry_interval_s
+        latest = self._store.read().latest
+        if interval <= 0 or latest is None or self._stopping.is_set():
+            return
+        if not latest.gpus_to_retry:
+            return
+        due = self._scheduler.next_run_at()
+        if due is not None and due - time.time() <= interval:
+            return  # the next sweep comes first and times them anyway
+        self._scheduler.run_later(self._retry_busy, interval)
+
+    def _give_up_on_fatal(self, outcome: SweepOutcome) -> None:
+        failures = outcome.snapshot.failures if outcome.snapshot is not None else ()
+        for failure in failures:
+            if failure.fatal and failure.whole_device and failure.device not in self._given_up:
+                self._given_up.add(failure.device)
+                log.warning(
+                    "device will not be retried until restart",
+                    extra={"device": failure.device, "reason": failure.reason},
+                )

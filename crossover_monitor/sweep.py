@@ -1,0 +1,349 @@
+"""One sweep: start a worker process, feed it the plan, enforce the deadline, build the outcome.
+
+The daemon never imports a framework: all timing happens in the worker, a fresh interpreter
+in its own process group, killed with that group when it overruns or the service stops.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import IO, Protocol
+
+from crossover_monitor.costs import cost_models
+from crossover_monitor.crossover import crossovers
+from crossover_monitor.model import (
+    Crossover,
+    CrossoverState,
+    DeviceFailure,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    Snapshot,
+    SweepOutcome,
+    SweepResult,
+    Withheld,
+    failed_devices,
+    gpu_cpu_pairs,
+)
+from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
+
+log = logging.getLogger(__name__)
+
+KILL_GRACE_S = 2.0  # SIGTERM first, then SIGKILL after this long
+
+
+class EndOfStream:
+    """The worker closed its message stream (it exited or died)."""
+
+
+END_OF_STREAM = EndOfStream()
+
+
+class Worker(Protocol):
+    """A running worker: a stream of messages that can be stopped."""
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        """The next message, END_OF_STREAM when the stream ended, None if nothing came in time."""
+        ...
+
+    def stop(self) -> int | None:
+        """Kill the worker (its whole process group) and return its exit status."""
+        ...
+
+    def exit_status(self, timeout: float) -> int | None:
+        """Wait up to ``timeout`` for a clean exit; None if it is still running."""
+        ...
+
+    def diagnostics(self) -> str:
+        """The last lines the worker wrote to stderr."""
+        ...
+
+
+Launcher = Callable[[Plan], Worker]
+
+
+WORKER_COMMAND = (sys.executable, "-m", "crossover_monitor.bench.worker")
+# The longest line read from the worker: a message is a few KiB (a point's blocks, the hardware seen); a plugin
+# or library that writes garbage (a line of hundreds of MiB, JSON nested past the parser) fails the sweep at
+# once instead of holding the daemon's memory or killing its reader thread.
+MESSAGE_CHARS = 1 << 20
+STDERR_LINE_CHARS = 4096  # of each stderr line, what is kept (the last 20 lines go into a failure's reason)
+
+
+def bounded_lines(stream: IO[str], limit: int) -> Iterator[tuple[str, bool]]:
+    """The stream's lines, each cut at ``limit`` characters: (line, whole); the rest of a cut line is read
+    and dropped in pieces of ``limit``, so no line is ever held whole."""
+    while True:
+        line = stream.readline(limit)
+        if not line:
+            return
+        if line.endswith("\n") or len(line) < limit:
+            yield line, True
+            continue
+        yield line, False
+        while True:  # the rest of the long line, thrown away
+            rest = stream.readline(limit)
+            if not rest or rest.endswith("\n"):
+                break
+
+
+class SubprocessWorker:
+    """``python -m crossover_monitor.bench.worker`` in a new session (process group), plan on stdin."""
+
+    def __init__(self, plan: Plan, command: Sequence[str] = WORKER_COMMAND) -> None:
+        """``command``: the worker's (a test starts a program that misbehaves in its place)."""
+        worker_env = dict(os.environ)
+        worker_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ chatter off unless asked
+        # CUDA's ordinals in NVML's (PCI) order, so that the guard looks at the GPU being timed.
+        worker_env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        self._process = subprocess.Popen(  # noqa: S603 - the worker, or a test's stand-in for it
+            list(command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            start_new_session=True,
+            env=worker_env,
+        )
+        self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=20)
+        assert self._process.stdin is not None  # noqa: S101 - PIPE was asked for
+        assert self._process.stdout is not None  # noqa: S101
+        assert self._process.stderr is not None  # noqa: S101
+        threading.Thread(target=self._read_stdout, args=(self._process.stdout,), daemon=True).start()
+        threading.Thread(target=self._read_stderr, args=(self._process.stderr,), daemon=True).start()
+        try:
+            self._process.stdin.write(plan.to_json() + "\n")
+            self._process.stdin.close()
+        except BrokenPipeError:
+            pass  # it died at once; its exit status tells why
+
+    @property
+    def pid(self) -> int:
+        """The worker's pid, which is also its process group id."""
+        return self._process.pid
+
+    def _read_stdout(self, stream: IO[str]) -> None:
+        for line, whole in bounded_lines(stream, MESSAGE_CHARS):
+            if not whole:
+                cut = f"{line[:80]!r}…"
+                self._messages.put(Fatal(f"the worker wrote a line longer than {MESSAGE_CHARS} characters: {cut}"))
+                continue
+            try:
+                self._messages.put(decode(line))
+            except ProtocolError as exc:
+                self._messages.put(Fatal(str(exc)))
+        self._messages.put(END_OF_STREAM)
+
+    def _read_stderr(self, stream: IO[str]) -> None:
+        for line, whole in bounded_lines(stream, STDERR_LINE_CHARS):
+            text = line.rstrip() if whole else f"{line}… (cut at {STDERR_LINE_CHARS} characters)"
+            self._stderr.append(text)
+            log.debug("worker: %s", text)
+
+    def next_message(self, timeout: float) -> Message | EndOfStream | None:
+        try:
+            return self._messages.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+
+    def exit_status(self, timeout: float) -> int | None:
+        try:
+            return self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> int | None:
+        status = None
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._process.pid, sig)
+            status = self.exit_status(KILL_GRACE_S)
+            if status is not None:
+                break
+        # Children the worker started (e.g. a framework's helper) die with its group too.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        return status
+
+    def diagnostics(self) -> str:
+        return " | ".join(self._stderr)
+
+
+def launch_subprocess(plan: Plan) -> Worker:
+    return SubprocessWorker(plan)
+
+
+@dataclass
+class _Collected:
+    environment: dict[str, str] = field(default_factory=dict)
+    devices: list[DeviceInfo] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    failures: list[DeviceFailure] = field(default_factory=list)
+    withheld: list[Withheld] = field(default_factory=list)
+    hardware: list[HardwareContext] = field(default_factory=list)
+    watch: Callable[[Message], None] | None = None  # sees every message as it comes (progress on a terminal)
+
+    def add(self, message: Message) -> None:
+        if self.watch is not None:
+            self.watch(message)
+        if isinstance(message, Environment):
+            self.environment.update(message.values)
+        elif isinstance(message, DeviceInfo):
+            self.devices.append(message)
+        elif isinstance(message, Measurement):
+            # A point timed again (refinement's visits) comes again with every visit so far: the latest stands.
+            self.measurements = [m for m in self.measurements if m.key != message.key]
+            self.measurements.append(message)
+        elif isinstance(message, DeviceFailure):
+            self.failures.append(message)
+            log.warning(
+                "device failed" if message.whole_device else "point failed",
+                extra={"device": message.device, "reason": message.reason},
+            )
+        elif isinstance(message, Withheld):
+            self.withheld.append(message)
+            log.info(
+                "device withheld", extra={"device": message.device, "why": message.reason.value, "seen": message.detail}
+            )
+        elif isinstance(message, HardwareContext):
+            self.hardware.append(message)
+
+
+def _collect(
+    worker: Worker,
+    collected: _Collected,
+    *,
+    deadline: float,
+    timeout_s: float,
+    cancel: threading.Event,
+    monotonic: Callable[[], float],
+) -> tuple[SweepResult, str] | None:
+    """Read messages until the worker is done (None) or the sweep must end (its result and reason)."""
+    while True:
+        if cancel.is_set():
+            return SweepResult.FAILED, "cancelled: the service is stopping"
+        remaining = deadline - monotonic()
+        if remaining <= 0:
+            return SweepResult.TIMEOUT, f"the sweep passed its {timeout_s:g}s deadline and was killed"
+        message = worker.next_message(min(remaining, 0.2))
+        if message is None:
+            continue
+        if isinstance(message, EndOfStream):
+            status = worker.exit_status(KILL_GRACE_S)
+            return SweepResult.FAILED, f"the worker exited (status {status}) before finishing"
+        if isinstance(message, Fatal):
+            return SweepResult.FAILED, message.reason
+        if isinstance(message, Done):
+            return None
+        collected.add(message)
+
+
+def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
+    """The explicit WITHHELD state for every GPU–CPU pair of which one side was withheld."""
+    withheld = {w.device for w in collected.withheld}
+    failed = failed_devices(collected.failures)
+    working = [d for d in collected.devices if d.device not in failed]
+    return [
+        Crossover(
+            backend=gpu.backend,
+            gpu=gpu.device,
+            cpu=cpu.device,
+            dtype=dtype,
+            mode=mode,
+            state=CrossoverState.WITHHELD,
+        )
+        for cpu, gpus in gpu_cpu_pairs(working)
+        for gpu in gpus
+        if gpu.device in withheld or cpu.device in withheld
+        for dtype in plan.bench.dtypes
+        for mode in plan.bench.modes
+    ]
+
+
+def run_sweep(
+    plan: Plan,
+    *,
+    timeout_s: float,
+    cancel: threading.Event,
+    launch: Launcher = launch_subprocess,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+    on_message: Callable[[Message], None] | None = None,
+) -> SweepOutcome:
+    """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults."""
+    started = clock()
+    collected = _Collected(watch=on_message)
+    if cancel.is_set():  # the service began stopping before this sweep could start its worker
+        return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=clock(), reason="cancelled")
+    worker = launch(plan)
+    try:
+        stopped = _collect(
+            worker, collected, deadline=monotonic() + timeout_s, timeout_s=timeout_s, cancel=cancel, monotonic=monotonic
+        )
+    except BaseException:  # e.g. Ctrl-C in `once`: the worker is in its own session and would live on
+        worker.stop()
+        raise
+    if stopped is not None:
+        result, reason = stopped
+        status = worker.stop()
+        detail = worker.diagnostics()
+        if detail:
+            reason = f"{reason} (exit status {status}; worker stderr: {detail[-500:]})"
+        return SweepOutcome(result=result, started_at=started, finished_at=clock(), reason=reason)
+    if worker.exit_status(KILL_GRACE_S) is None:
+        worker.stop()
+    # A device that failed part-way through keeps none of its points: a truncated curve would
+    # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
+    # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point.
+    device_failures = [f for f in collected.failures if f.whole_device]
+    left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld}
+    measurements = [m for m in collected.measurements if m.key.device not in left_out]
+    finished = clock()
+    derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements)]
+    snapshot = Snapshot(
+        started_at=started,
+        finished_at=finished,
+        devices=tuple(collected.devices),
+        measurements=tuple(measurements),
+        crossovers=(*derived, *_withheld_crossovers(plan, collected)),
+        costs=cost_models(measurements),
+        failures=tuple(collected.failures),
+        environment=tuple(sorted(collected.environment.items())),
+        withheld=tuple(collected.withheld),
+        hardware=tuple(h for h in collected.hardware if h.device not in left_out),
+    )
+    result, reason = _result(device_failures, measurements, collected.withheld)
+    return SweepOutcome(
+        result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
+    )
+
+
+def _result(
+    device_failures: list[DeviceFailure], measurements: list[Measurement], withheld: list[Withheld]
+) -> tuple[SweepResult, str]:
+    """How a sweep whose worker finished ended, and why: a sweep that measured nothing is never a success."""
+    if device_failures:
+        return SweepResult.FAILED, "; ".join(f"{f.device}: {f.reason}" for f in device_failures)
+    if not measurements and not withheld:
+        return SweepResult.FAILED, "no device produced a measurement"
+    why = "; ".join(f"{w.device} withheld ({w.reason.value}): {w.detail}" for w in withheld)
+    if not withheld:
+        return SweepResult.SUCCESS, ""
+    if not measurements:
+        return SweepResult.WITHHELD, f"nothing measured: {why}"
+    measured = ", ".join(sorted({m.key.device for m in measurements}))
+    return SweepResult.PARTIAL, f"measured {measured}; {why}"
