@@ -119,7 +119,7 @@ def run_peer(
     return {k: {int(n): t for n, t in v.items()} for k, v in raw.items()}
 
 
-CPU_NAMES = {"torch": "cpu", "jax": "cpu:0"}  # the CPU device's name in each backend
+CPU_NAMES = {"torch": "cpu", "jax": "cpu:0", "tensorflow": "/CPU:0"}  # the CPU device's name in each backend
 HOST_REFERENCES: list[HostReference] = []  # each sweep's host reference, oldest first
 
 
@@ -129,10 +129,11 @@ def sweep(
     sizes: tuple[int, ...] = SIZES,
     *,
     refine: bool = True,
+    guarded: bool = True,
 ) -> dict[str, Any]:
     bench = BenchmarkSettings(
         backend=args.backend,  # the peer is torch's whatever the service's backend is
-        devices=devices,
+        devices=devices or (tuple(args.devices.split(",")) if args.devices else None),
         sizes=sizes,
         modes=MODES,
         cpu_threads=args.threads,
@@ -141,7 +142,9 @@ def sweep(
     started = time.monotonic()
     # The host reference's idle figure from the sweeps before, as the service's StateStore keeps it.
     plan = Plan(
-        bench=bench, guard=GuardSettings(), host_baseline=HostReference.of(HOST_REFERENCES[-HOST_REFERENCES_KEPT:])
+        bench=bench,
+        guard=GuardSettings(enabled=guarded),
+        host_baseline=HostReference.of(HOST_REFERENCES[-HOST_REFERENCES_KEPT:]),
     )
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     snapshot = outcome.snapshot
@@ -308,11 +311,13 @@ def spinners(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(count)]
 
 
-def sweep_beside(args: argparse.Namespace, busy: list[subprocess.Popen[bytes]], *, settle_s: float) -> dict[str, Any]:
+def sweep_beside(
+    args: argparse.Namespace, busy: list[subprocess.Popen[bytes]], *, settle_s: float, guarded: bool = True
+) -> dict[str, Any]:
     """A sweep while ``busy`` run (given ``settle_s`` to get going), which are killed after it."""
     try:
         time.sleep(settle_s)
-        return sweep(args)
+        return sweep(args, guarded=guarded)
     finally:
         for process in busy:
             process.kill()
@@ -444,11 +449,13 @@ def cotenant_phase(args: argparse.Namespace, results: dict[str, Any], save: Call
         print(f"idle: {rows[-1]['service']['result']} withheld {rows[-1]['service'].get('withheld')}")
         if shape == "idle":
             break
-        if shape.startswith("quota"):
-            with _Quota(float(shape.removeprefix("quota") or 8)):
-                service = sweep(args)
-        else:
-            service = sweep_beside(args, co_tenant(shape), settle_s=2)  # the co-tenant at full speed first
+        # "<shape>-unguarded": the same co-tenant with the guard off, to see what the guard withheld beside it.
+        base, guarded = shape.removesuffix("-unguarded"), not shape.endswith("-unguarded")
+        if base.startswith("quota"):
+            with _Quota(float(base.removeprefix("quota") or 8)):
+                service = sweep(args, guarded=guarded)
+        else:  # the co-tenant at full speed first
+            service = sweep_beside(args, co_tenant(base), settle_s=2, guarded=guarded)
         rows.append({"shape": shape, "service": service})
         save()
     results["cotenant_report"] = cotenant_report(
@@ -584,8 +591,10 @@ def main() -> None:
     parser.add_argument(
         "--shapes",
         default="blas1,blas4,blas8,membw,spin8,core1,quota8",
-        help="cotenants: the co-tenant shapes (quotaN: the worker under a quota of N cores)",
+        help="cotenants: the co-tenant shapes (quotaN: the worker under a quota of N cores; a -unguarded suffix "
+        "sweeps beside that shape with the guard off, to show what it withheld)",
     )
+    parser.add_argument("--devices", help="the service's devices, comma-separated (default: every device)")
     parser.add_argument("--report", type=Path, help="print a recorded cotenants phase's report, and stop")
     parser.add_argument("--spread", type=Path, help="print a recorded alternate phase's ratios per round, and stop")
     args = parser.parse_args()

@@ -68,6 +68,10 @@ def test_environment_records_what_changes_the_answer(backend: CheckedBackend) ->
     assert env["framework_version"]
     assert env["tf32"] == "false"
     assert env["cpu_threads"] == str(usable_cpus())
+    if backend.name == "tensorflow":
+        # Its calling thread computes a share of each op beside the pool: a pool one smaller keeps
+        # cpu_threads cores busy, as PyTorch's cpu_threads (the caller among them) do.
+        assert env["intra_op_threads"] == str(max(1, usable_cpus() - 1))
 
 
 def test_environment_says_why_there_is_no_gpu(backend: CheckedBackend) -> None:
