@@ -53,9 +53,10 @@ def _short_name(full: str) -> str:
 def intra_op_threads(cpu_threads: int) -> int:
     """The intra-op pool that keeps ``cpu_threads`` cores busy: the thread that calls an op computes a share
     of it beside the pool (Eigen's parallelFor runs a block on its caller), so a pool of ``cpu_threads``
-    keeps one core more busy than asked. Measured on an H100 host (16 vCPUs, 2026-12-06): with a pool of
-    15, one other busy core made the threads wait in every CPU block (up to 0.37 cores) and slowed the
-    CPU's points 1.5-1.7x; PyTorch's 15 threads, whose caller is one of them, met it in 7-14% of blocks."""
+    keeps one core more busy than asked. On H100 hosts (16 vCPUs, 2026-12-06) a pool of 15 beside one other
+    busy core had its threads wait for a CPU in 50 of 50 CPU blocks (up to 0.37 cores), a pool of 14 in too
+    few to withhold the point; PyTorch's 15 threads, its caller among them, in 7-14% of blocks
+    (benchmarks/README.md, "TensorFlow's pool")."""
     return max(1, cpu_threads - 1)
 
 
