@@ -53,6 +53,12 @@ BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it
 # (crossover_monitor/bench/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
+# A CPU device's detail: how its framework shares a parallel call among its threads. "fork_join": each
+# call waits for its slowest thread (OpenMP: PyTorch), so a neighbour beside one thread stalls it;
+# "work_stealing": idle threads take over a waiting thread's share (TensorFlow's Eigen pool), so it does not.
+THREAD_POOL = "thread_pool"
+FORK_JOIN = "fork_join"
+WORK_STEALING = "work_stealing"
 # The environment keys the worker adds to its backend's: the cores it may run on, as a cpuset list
 # ("0-15"), and the GPU driver's version where NVML says it.
 CPU_AFFINITY = "cpu_affinity"

@@ -22,8 +22,11 @@ from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
     DTYPES,
+    FORK_JOIN,
     GPU_PROBLEM,
     MODES,
+    THREAD_POOL,
+    WORK_STEALING,
     DeviceFailure,
     DeviceInfo,
     Measurement,
@@ -59,6 +62,9 @@ def test_discover_finds_exactly_one_named_cpu(backend: CheckedBackend) -> None:
     assert [d.kind for d in devices] == ["cpu"]
     assert devices[0].name.strip()
     assert devices[0].backend == backend.name
+    # How its threads share a call decides whether a thread's wait for a CPU stalls it (the guard's block watch).
+    stealing = backend.name == "tensorflow"
+    assert dict(devices[0].details)[THREAD_POOL] == (WORK_STEALING if stealing else FORK_JOIN)
 
 
 def test_environment_records_what_changes_the_answer(backend: CheckedBackend) -> None:
@@ -68,10 +74,6 @@ def test_environment_records_what_changes_the_answer(backend: CheckedBackend) ->
     assert env["framework_version"]
     assert env["tf32"] == "false"
     assert env["cpu_threads"] == str(usable_cpus())
-    if backend.name == "tensorflow":
-        # Its calling thread computes a share of each op beside the pool: a pool one smaller keeps
-        # cpu_threads cores busy, as PyTorch's cpu_threads (the caller among them) do.
-        assert env["intra_op_threads"] == str(max(1, usable_cpus() - 1))
 
 
 def test_environment_says_why_there_is_no_gpu(backend: CheckedBackend) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from crossover_monitor.bench.common import cpu_device
 from crossover_monitor.bench.guard import (
     DISTURBED_PAUSE_S,
     GpuProcess,
@@ -34,6 +35,7 @@ from crossover_monitor.errors import EXIT_WITHHELD
 from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
+    WORK_STEALING,
     CrossoverState,
     DeviceInfo,
     HardwareContext,
@@ -325,6 +327,21 @@ def test_blocks_its_threads_waited_in_are_set_aside_and_the_share_recorded() -> 
     guard = fake_guard(None, FakeHost([0.0], cores=4, block_waits=[0.5]))
     assert guard.time_cpu_point(cpu, 4, given.append) is None
     assert given == [None]
+
+
+def test_blocks_of_a_work_stealing_pool_are_not_set_aside_for_a_waiting_thread() -> None:
+    """TensorFlow's CPU (its pool takes a waiting thread's share, so the wait costs the call nothing): no block
+    watch, however long its threads waited; a fork-join pool (PyTorch, or a backend that does not say) has one."""
+    stealing = cpu_device("tensorflow", "/CPU:0", 3, thread_pool=WORK_STEALING)
+    given: list[BlockWatch | None] = []
+    guard = fake_guard(None, FakeHost([0.0], block_waits=[0.5] * 5))
+    assert guard.time_cpu_point(stealing, 3, given.append) is None
+    assert given == [None]
+    for device in (cpu_device("torch", "cpu", 3), DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="c")):
+        guard = fake_guard(None, FakeHost([0.0], block_waits=[0.5] * 10))
+        verdict = guard.time_cpu_point(device, 3, _five_blocks)
+        assert verdict is not None, device
+        assert verdict.reason is WithheldReason.CPU_CONTENDED
 
 
 def test_a_cpu_point_left_with_too_few_undisturbed_blocks_is_withheld_saying_why() -> None:

@@ -10,14 +10,16 @@ import numpy.typing as npt
 
 from crossover_monitor.bench.hostinfo import cpu_model
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from crossover_monitor.model import DeviceInfo, Mode
+from crossover_monitor.model import FORK_JOIN, THREAD_POOL, DeviceInfo, Mode
 
 T = TypeVar("T")
 
 
-def cpu_device(backend: str, name: str, threads: int) -> DeviceInfo:
-    """The host CPU as every backend reports it: its model name and the threads the framework uses."""
-    return DeviceInfo(backend=backend, device=name, kind="cpu", name=cpu_model(), details=(("threads", str(threads)),))
+def cpu_device(backend: str, name: str, threads: int, *, thread_pool: str = FORK_JOIN) -> DeviceInfo:
+    """The host CPU as every backend reports it: its model name, the threads the framework uses and how they
+    share a parallel call (``THREAD_POOL``)."""
+    details = (("threads", str(threads)), (THREAD_POOL, thread_pool))
+    return DeviceInfo(backend=backend, device=name, kind="cpu", name=cpu_model(), details=details)
 
 
 def describe(size: int, dtype: str, mode: Mode) -> str:

@@ -22,7 +22,16 @@ from typing import Protocol, TypeVar
 
 from crossover_monitor.bench.podresources import PodResourcesUnavailable
 from crossover_monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, BlockWatch
-from crossover_monitor.model import DeviceInfo, HardwareContext, HostReference, Withheld, WithheldReason, relative_iqr
+from crossover_monitor.model import (
+    FORK_JOIN,
+    THREAD_POOL,
+    DeviceInfo,
+    HardwareContext,
+    HostReference,
+    Withheld,
+    WithheldReason,
+    relative_iqr,
+)
 from crossover_monitor.settings import GuardSettings
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
@@ -412,8 +421,9 @@ class Guard:
 
         Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
         beyond that, one of its threads shares a core with them and every parallel call waits for it.
-        Where the threads leave a core to the thread timing them, ``measure`` sets aside the blocks they waited
-        for a CPU in (``_BlockWatch``): a point with too few blocks left is disturbed too.
+        Where the threads leave a core to the thread timing them and each parallel call waits for its slowest
+        thread (``FORK_JOIN``), ``measure`` sets aside the blocks they waited for a CPU in (``_BlockWatch``): a
+        point with too few blocks left is disturbed too.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -421,14 +431,16 @@ class Guard:
             return None
         cores = host.cores()
         allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
+        # Where they take every core (and the thread timing them), they wait for each other (TensorFlow's 2
+        # threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign. In a work-stealing
+        # pool a thread's wait costs the call nothing: the others take its share.
+        watch_blocks = threads < cores and dict(device.details).get(THREAD_POOL, FORK_JOIN) == FORK_JOIN
         record = self._cpus.setdefault(device.device, _CpuRecord())
         watches: list[_BlockWatch] = []
 
         def watched() -> None:
             watches.append(_BlockWatch(host, self._settings.host_max_slowdown))
-            # Where its threads and the thread timing them outnumber the cores, they wait for each other
-            # (TensorFlow's 2 threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign.
-            measure(watches[-1] if threads < cores else None)
+            measure(watches[-1] if watch_blocks else None)
             record.add_blocks(watches[-1])
 
         def problems(load: HostLoad) -> list[str]:

@@ -35,7 +35,7 @@ from crossover_monitor.bench.nogpu import (
     read_host,
 )
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed
-from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, DeviceInfo, Mode
+from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, WORK_STEALING, DeviceInfo, Mode
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
 _CUDA_EXTRA = (
@@ -50,16 +50,6 @@ def _short_name(full: str) -> str:
     return "/" + full.rsplit("device:", 1)[-1]
 
 
-def intra_op_threads(cpu_threads: int) -> int:
-    """The intra-op pool that keeps ``cpu_threads`` cores busy: the thread that calls an op computes a share
-    of it beside the pool (Eigen's parallelFor runs a block on its caller), so a pool of ``cpu_threads``
-    keeps one core more busy than asked. On H100 hosts (16 vCPUs, 2026-12-06) a pool of 15 beside one other
-    busy core had its threads wait for a CPU in 50 of 50 CPU blocks (up to 0.37 cores), a pool of 14 in too
-    few to withhold the point; PyTorch's 15 threads, its caller among them, in 7-14% of blocks
-    (benchmarks/README.md, "TensorFlow's pool")."""
-    return max(1, cpu_threads - 1)
-
-
 class TensorFlowBackend:
     name = "tensorflow"
 
@@ -67,7 +57,7 @@ class TensorFlowBackend:
         # All of this must happen before TensorFlow initialises its devices.
         for gpu in tf.config.list_physical_devices("GPU"):
             tf.config.experimental.set_memory_growth(gpu, enable=True)
-        tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(options.cpu_threads))
+        tf.config.threading.set_intra_op_parallelism_threads(options.cpu_threads)
         tf.config.threading.set_inter_op_parallelism_threads(min(2, options.cpu_threads))
         tf.config.set_soft_device_placement(enabled=False)
         tf.config.experimental.enable_tensor_float_32_execution(enabled=options.tf32)
@@ -82,8 +72,7 @@ class TensorFlowBackend:
             "cuda_version": str(build.get("cuda_version", "")),
             "cudnn_version": str(build.get("cudnn_version", "")),
             "tf32": str(tf.config.experimental.tensor_float_32_execution_enabled()).lower(),
-            "cpu_threads": str(self._options.cpu_threads),
-            "intra_op_threads": str(tf.config.threading.get_intra_op_parallelism_threads()),
+            "cpu_threads": str(tf.config.threading.get_intra_op_parallelism_threads()),
             **({GPU_PROBLEM: problem} if (problem := _gpu_problem(build)) else {}),
         }
 
@@ -93,7 +82,9 @@ class TensorFlowBackend:
         return {d.device: d.device for d in self.discover()}
 
     def discover(self) -> Sequence[DeviceInfo]:
-        devices = [cpu_device(self.name, "/CPU:0", self._options.cpu_threads)]
+        # Eigen's pool: a thread a neighbour holds up has its share taken by the others (one busy core beside
+        # 15 threads on 16 vCPUs: 0.97-1.02x of idle, benchmarks/README.md "TensorFlow's pool").
+        devices = [cpu_device(self.name, "/CPU:0", self._options.cpu_threads, thread_pool=WORK_STEALING)]
         for index, gpu in enumerate(tf.config.list_physical_devices("GPU")):
             details = tf.config.experimental.get_device_details(gpu)
             capability = details.get("compute_capability")
