@@ -8,37 +8,27 @@ snapshot the same way. What the configuration no longer asks for is not served (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from crossover_monitor.crossover import with_recent_moves
 from crossover_monitor.model import CrossoverState, RecentCrossovers, Snapshot, canonical_device
-
-
-@dataclass(frozen=True, kw_only=True)
-class Wanted:
-    """What the configuration asks to serve: its sizes' duration series and, when it lists them, only its devices."""
-
-    sizes: tuple[int, ...]
-    devices: tuple[str, ...] | None = None  # None: every device a sweep finds
-    modes: tuple[str, ...] | None = None  # None: every mode and dtype (what an older caller asks)
-    dtypes: tuple[str, ...] | None = None
+from crossover_monitor.settings import BenchmarkSettings
 
 
 def served(
     previous: Snapshot | None,
     new: Snapshot,
     *,
-    wanted: Wanted | None,
     recent: tuple[RecentCrossovers, ...],
     partial: bool = False,
 ) -> tuple[Snapshot, tuple[RecentCrossovers, ...]]:
-    """What to serve after ``new`` (a sweep's snapshot; a retry's when ``partial``), and the recent n* to keep.
+    """What to serve after ``new`` (a sweep's snapshot, already ``trimmed``; a retry's when ``partial``), and
+    the recent n* to keep.
 
-    ``new`` loses what ``wanted`` no longer asks for (a sweep that began before a reload; None keeps
-    all), takes over from ``previous`` what it did not measure (``merge``), and its fresh crossovers'
+    ``new`` takes over from ``previous`` what it did not measure (``merge``), and its fresh crossovers'
     intervals are widened by their moves over the ``recent`` sweeps.
     """
-    merged = merge(previous, new if wanted is None else trimmed(new, wanted), partial=partial)
+    merged = merge(previous, new, partial=partial)
     crossovers, moves = with_recent_moves(merged.crossovers, recent, fresh_at=new.finished_at)
     return replace(merged, crossovers=crossovers), moves
 
@@ -84,8 +74,8 @@ def merge(previous: Snapshot | None, new: Snapshot, *, partial: bool = False) ->
     )
 
 
-def trimmed(snapshot: Snapshot, wanted: Wanted) -> Snapshot:
-    """The snapshot without what a (re)loaded configuration no longer asks for: those series disappear.
+def trimmed(snapshot: Snapshot, wanted: BenchmarkSettings) -> Snapshot:
+    """The snapshot without what the loaded configuration's benchmark no longer asks for: those series disappear.
 
     Sizes no longer configured lose their duration series, modes and dtypes no longer configured every
     series of theirs (timings, crossovers, costs); with devices listed, unlisted devices lose all of
@@ -97,7 +87,7 @@ def trimmed(snapshot: Snapshot, wanted: Wanted) -> Snapshot:
         return devices is None or canonical_device(device) in devices or device == "none"
 
     def asked(mode: str, dtype: str) -> bool:
-        return (wanted.modes is None or mode in wanted.modes) and (wanted.dtypes is None or dtype in wanted.dtypes)
+        return mode in wanted.modes and dtype in wanted.dtypes
 
     return replace(
         snapshot,

@@ -1,6 +1,7 @@
 """The sweeps: on the schedule, the busy-GPU retries between them and manual ones, one worker at a time.
 
-Each outcome is recorded as it ends: into the served state (``crossover_monitor.state``) and the run history.
+Each is planned from the configuration the store holds, and its outcome handed to the store as it ends
+(``crossover_monitor.state``: served and written to the run history in one step).
 The service's life cycle (server, signals, reloads, stopping) is ``crossover_monitor.daemon``'s.
 """
 
@@ -11,12 +12,10 @@ import logging
 import threading
 import time
 
-from crossover_monitor.history import RunHistory
 from crossover_monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
 from crossover_monitor.preflight import host_problem
 from crossover_monitor.protocol import Plan
 from crossover_monitor.schedule import SweepScheduler
-from crossover_monitor.settings import Settings
 from crossover_monitor.state import StateStore
 from crossover_monitor.sweep import KILL_GRACE_S, Launcher, run_sweep
 
@@ -32,16 +31,13 @@ STOP_WAIT_S = KILL_GRACE_S * 2 + 1
 
 
 class SweepCoordinator:
-    """Runs and records every sweep and retry of the service, on its schedule or when asked."""
+    """Runs every sweep and retry of the service, on its schedule or when asked, and hands each to the store."""
 
-    def __init__(self, settings: Settings, store: StateStore, history: RunHistory | None, *, launch: Launcher) -> None:
-        self._settings = settings
+    def __init__(self, store: StateStore, *, launch: Launcher) -> None:
         self._store = store
-        self._history = history
         self._launch = launch
         self._manual_lock = threading.Lock()
         self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
-        self._remember_lock = threading.Lock()
         self._next_sweep_lock = threading.Lock()
         self._stopping = threading.Event()
         self._cancel_sweep = threading.Event()
@@ -50,7 +46,7 @@ class SweepCoordinator:
         self._sweep_started: float | None = None
         self._worker_lock = threading.Lock()
         self._given_up: set[str] = set()  # devices with a fatal failure: not retried until restart
-        schedule = settings.schedule
+        schedule = store.settings.schedule
         self._scheduler = SweepScheduler(
             job=self._sweep,
             on_skipped=self._skipped,
@@ -71,10 +67,10 @@ class SweepCoordinator:
         with self._next_sweep_lock:
             self._store.record_next_sweep(self._scheduler.next_run_at())
 
-    def use(self, settings: Settings) -> None:
-        """Settings reloaded: the schedule changes now, the rest for the next sweep (one in flight keeps its plan)."""
-        self._settings = settings
-        schedule = settings.schedule
+    def reschedule(self) -> None:
+        """A configuration reloaded into the store: its schedule takes over now (the rest of it plans the next
+        sweep; one in flight keeps its plan)."""
+        schedule = self._store.settings.schedule
         self._scheduler.reschedule(interval_s=schedule.interval_s, cron=schedule.cron, jitter_s=schedule.jitter_s)
         self._note_next_sweep()
 
@@ -93,7 +89,7 @@ class SweepCoordinator:
         if self._sweep_started is None and due is not None and time.time() - due > _OVERDUE_AFTER_S:
             return f"the next sweep was due {time.time() - due:.0f}s ago and has not started"
         started = self._sweep_started
-        limit = self._settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
+        limit = self._store.settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
         if started is not None and time.monotonic() - started > limit:
             return f"a sweep has been running for more than {limit:g}s and could not be stopped"
         return None
@@ -130,9 +126,10 @@ class SweepCoordinator:
         # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
         # job waits for, so this reads the new time; noted again at the end, should a release change that.
         self._note_next_sweep()
+        settings = self._store.settings
         plan = Plan(
-            bench=self._settings.benchmark,
-            guard=self._settings.guard,
+            bench=settings.benchmark,
+            guard=settings.guard,
             given_up=tuple(sorted(self._given_up)),
             host_baseline=self._store.read().host_baseline,
         )
@@ -146,10 +143,11 @@ class SweepCoordinator:
         if not busy or latest is None:
             return
         cpus = [cpu.device for cpu, gpus in gpu_cpu_pairs(latest.devices) if {g.device for g in gpus} & set(busy)]
+        settings = self._store.settings
         plan = Plan(
             # It names some GPUs only: the rest are not missing.
-            bench=dataclasses.replace(self._settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),
-            guard=self._settings.guard,
+            bench=dataclasses.replace(settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),
+            guard=settings.guard,
             given_up=tuple(sorted(self._given_up)),
             retry=True,
             host_baseline=self._store.read().host_baseline,
@@ -187,7 +185,6 @@ class SweepCoordinator:
                 self._store.record_retry(failed)
             else:
                 self._store.record(failed)
-            self._remember("retry" if retry else "sweep", failed)
         finally:
             self._sweep_started = None
             self._sweep_idle.set()
@@ -199,16 +196,7 @@ class SweepCoordinator:
 
     def _skipped(self, reason: str) -> None:
         self._note_next_sweep()
-        self._store.record_skipped()
-        self._remember("skipped", None, reason)
-
-    def _remember(self, kind: str, outcome: SweepOutcome | None, reason: str = "") -> None:
-        """The run and what is served now, into the history (when there is one)."""
-        if self._history is not None:
-            # Read and written together: a skip recorded from the scheduler's thread while a sweep ends
-            # cannot leave an older served state as the latest row.
-            with self._remember_lock:
-                self._history.record(kind, outcome, self._store.read(), self._settings.benchmark.backend, reason)
+        self._store.record_skipped(reason)
 
     def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
         bench = plan.bench
@@ -226,16 +214,13 @@ class SweepCoordinator:
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
             fields["no_gpu"] = problem
-        # Trimmed once to the configuration loaded now, so the store and the history record the same outcome
-        # even if a reload comes in between (the store's own trim of it then changes nothing).
-        recorded = self._store.as_wanted(outcome)
+        # Handed over whole: the store trims it to the configuration loaded as it records it, and the history
+        # gets what it serves then.
         if retry:
-            fields["result"] = self._store.record_retry(recorded).value
-            self._remember("retry", recorded)
+            fields["result"] = self._store.record_retry(outcome).value
             log.info("retry finished", extra=fields)
             return
-        self._store.record(recorded)
-        self._remember("sweep", recorded)
+        self._store.record(outcome)
         if outcome.result is SweepResult.SUCCESS:
             log.info("sweep finished", extra=fields)
         elif outcome.result.completed:  # the guard withheld devices: said at warning, with each one's reason
@@ -245,7 +230,7 @@ class SweepCoordinator:
 
     def _schedule_retry(self) -> None:
         """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""
-        interval = self._settings.guard.retry_interval_s
+        interval = self._store.settings.guard.retry_interval_s
         latest = self._store.read().latest
         if interval <= 0 or latest is None or self._stopping.is_set():
             return

@@ -20,7 +20,6 @@ from pathlib import Path
 from types import FrameType
 
 from crossover_monitor import __version__, page, systemd
-from crossover_monitor.carry import Wanted
 from crossover_monitor.coordinator import SweepCoordinator
 from crossover_monitor.errors import ConfigError, StartupError
 from crossover_monitor.history import HistoryBusy, HistoryUnavailable, RunHistory
@@ -79,12 +78,6 @@ def _changed_keys(old: Settings, new: Settings) -> list[str]:
     return changed
 
 
-def wanted(settings: Settings) -> Wanted:
-    """What ``settings`` ask to serve: the served state keeps no other sizes' or devices' series."""
-    bench = settings.benchmark
-    return Wanted(sizes=bench.sizes, devices=bench.devices, modes=bench.modes, dtypes=bench.dtypes)
-
-
 def restored_state(history: RunHistory | None, settings: Settings) -> ServiceState | None:
     """What was served before the restart (if the same backend timed it); None for a first start."""
     restored = None if history is None else history.restore()
@@ -105,7 +98,8 @@ def restored_state(history: RunHistory | None, settings: Settings) -> ServiceSta
 
 
 class Service:
-    """Owns the served state, the sweeps' coordinator and the server; ``run`` blocks until a signal stops it."""
+    """Owns the store (configuration and served state), the sweeps' coordinator and the server; ``run`` blocks
+    until a signal stops it."""
 
     def __init__(
         self,
@@ -116,7 +110,6 @@ class Service:
         web_config: Path | None = None,
         enable_lifecycle: bool = False,
     ) -> None:
-        self._settings = settings
         # Reads the configuration again for SIGHUP (the CLI's loader: file and flags); None: nothing to reread.
         self._load = load
         # What the signals ask of the main loop, as signal numbers (and _WAKE from stop()). A queue.SimpleQueue
@@ -128,10 +121,10 @@ class Service:
         gate = WebGate(web_config)  # a ConfigError for a bad file: exit 78, like a bad configuration
         self._history = open_history(settings)
         self._picture = SweepPicture()
-        self._store = StateStore(restored_state(self._history, settings))
-        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(settings))  # trims what was restored
+        self._store = StateStore(restored_state(self._history, settings), history=self._history)
+        self._store.record_config(settings, at=time.time())  # trims what was restored
         self._stopping = threading.Event()
-        self._sweeps = SweepCoordinator(settings, self._store, self._history, launch=launch)
+        self._sweeps = SweepCoordinator(self._store, launch=launch)
         backend = settings.benchmark.backend
         server = settings.server
         try:
@@ -161,6 +154,11 @@ class Service:
 
     def read_state(self) -> ServiceState:
         return self._store.read()
+
+    @property
+    def settings(self) -> Settings:
+        """The configuration running now (the last one that took)."""
+        return self._store.settings
 
     def healthy(self) -> tuple[bool, str]:
         problem = self._sweeps.stuck()
@@ -204,7 +202,7 @@ class Service:
         state = self.read_state()
         picture = self._picture.look(state).state  # the page's visitor will ask for it: start drawing now
         return page.render(
-            self._settings, state, runs, picture=picture, now=time.time(), version=__version__, history_problem=problem
+            self.settings, state, runs, picture=picture, now=time.time(), version=__version__, history_problem=problem
         )
 
     def _reload_requested_over_http(self) -> tuple[bool, str]:
@@ -233,24 +231,24 @@ class Service:
         except ConfigError as exc:
             self._reload_refusal = str(exc)
             log.error("reload refused; the running configuration stays", extra={"problems": str(exc)})  # noqa: TRY400 - a user's mistake: the problems, no traceback
-            self._store.record_config(loaded=False, at=time.time())
+            self._store.record_config_refused()
             return False
-        if new.server != self._settings.server:
+        running = self.settings
+        if new.server != running.server:
             log.warning("server.listen changes take effect at the next restart", extra={"listen": new.server.listen})
-            new = dataclasses.replace(new, server=self._settings.server)
-        if new.benchmark.backend != self._settings.benchmark.backend:
+            new = dataclasses.replace(new, server=running.server)
+        if new.benchmark.backend != running.benchmark.backend:
             # /metrics labels its series with the backend and framework version read at start; sweeps with
             # another framework under them would be served under the wrong name.
             log.warning(
                 "benchmark.backend changes take effect at the next restart", extra={"backend": new.benchmark.backend}
             )
             new = dataclasses.replace(
-                new, benchmark=dataclasses.replace(new.benchmark, backend=self._settings.benchmark.backend)
+                new, benchmark=dataclasses.replace(new.benchmark, backend=running.benchmark.backend)
             )
-        changed = _changed_keys(self._settings, new)
-        self._settings = new
-        self._sweeps.use(new)
-        self._store.record_config(loaded=True, at=time.time(), wanted=wanted(new))
+        changed = _changed_keys(running, new)
+        self._store.record_config(new, at=time.time())
+        self._sweeps.reschedule()
         log.info("configuration reloaded", extra={"config": new.source, "changed": ", ".join(changed) or "nothing"})
         return True
 
@@ -265,7 +263,7 @@ class Service:
             self._server.start()
             self._sweeps.start()
             host, port = self.address
-            log.info("serving", extra={"listen": f"{host}:{port}", "config": self._settings.source})
+            log.info("serving", extra={"listen": f"{host}:{port}", "config": self.settings.source})
             systemd.notify("READY=1")
             watchdog = systemd.watchdog_interval_s()
             tick = min(_MAIN_LOOP_TICK_S, watchdog) if watchdog else _MAIN_LOOP_TICK_S

@@ -1,6 +1,8 @@
-"""The one mutable cell of the service: the current ServiceState, replaced whole under a lock.
+"""The one mutable cell of the service: the loaded configuration and the ServiceState served from it.
 
-What is served changes only here, as ``crossover_monitor.carry`` says: each sweep, retry and configuration is handed in.
+Both change only here, under one lock. Each run (sweep, retry, skip) is recorded in one step: its outcome
+trimmed once to the configuration loaded then, what is served computed (``crossover_monitor.carry``) and
+published, and that same outcome and state handed to the run history.
 """
 
 from __future__ import annotations
@@ -9,84 +11,100 @@ import dataclasses
 import threading
 from typing import TypeVar
 
-from crossover_monitor.carry import Wanted, served, trimmed
+from crossover_monitor.carry import served, trimmed
+from crossover_monitor.history import RunHistory
 from crossover_monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
+from crossover_monitor.settings import Settings
 
 # Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
 HOST_REFERENCES_KEPT = 96
 
 
 class StateStore:
-    """Readers get an immutable ServiceState; writers replace it atomically."""
+    """Readers get an immutable ServiceState and the loaded Settings; writers replace them atomically."""
 
-    def __init__(self, initial: ServiceState | None = None) -> None:
+    def __init__(self, initial: ServiceState | None = None, *, history: RunHistory | None = None) -> None:
         self._lock = threading.Lock()
+        # Held from a run's change of the state until its history write: runs reach the history in the order
+        # they were served (a skip from the scheduler's thread as a sweep ends cannot leave the older state as
+        # the latest row), while a reload, which takes only _lock, never waits for the disk.
+        self._history_order = threading.Lock()
         self._state = initial or ServiceState()
-        self._wanted: Wanted | None = None  # the loaded configuration's; None until one is recorded: all
+        self._settings: Settings | None = None  # None until a configuration is recorded: every series is served
+        self._history = history
 
     def read(self) -> ServiceState:
         return self._state  # a reference read is atomic; the object itself never changes
 
-    def _counted(self, state: ServiceState, result: SweepResult) -> ServiceState:
-        return dataclasses.replace(state, sweeps=_bumped(state.sweeps, result))
-
-    def as_wanted(self, outcome: SweepOutcome) -> SweepOutcome:
-        """The outcome with only what the loaded configuration asks for (a reload may come mid-sweep): what
-        is recorded of it, here and in the run history."""
-        if outcome.snapshot is None or self._wanted is None:
-            return outcome
-        return dataclasses.replace(outcome, snapshot=trimmed(outcome.snapshot, self._wanted))
+    @property
+    def settings(self) -> Settings:
+        """The loaded configuration: what sweeps are planned from and what is served of them."""
+        settings = self._settings
+        if settings is None:  # the service records its start-up configuration before anything reads it
+            raise LookupError("no configuration has been recorded in this store")
+        return settings
 
     def record(self, outcome: SweepOutcome) -> None:
         """A finished sweep: its snapshot (if the worker completed) replaces the served one."""
-        with self._lock:
-            outcome = self.as_wanted(outcome)
-            state = self._counted(self._state, outcome.result)
-            changes: dict[str, object] = {"last_outcome": outcome}
-            if outcome.snapshot is not None:
-                changes["latest"], changes["recent"] = served(
-                    state.latest, outcome.snapshot, wanted=self._wanted, recent=state.recent
-                )
-            if outcome.result.measured:
-                changes["last_success_at"] = outcome.finished_at
-            reference = outcome.snapshot.host_reference if outcome.snapshot is not None else None
-            if reference is not None:  # withheld sweeps too: a lasting change of the host must become the figure
-                changes["host_references"] = (*state.host_references, reference)[-HOST_REFERENCES_KEPT:]
-            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+        with self._history_order:
+            with self._lock:
+                outcome = self._as_loaded(outcome)
+                state = _counted(self._state, outcome.result)
+                changes: dict[str, object] = {"last_outcome": outcome}
+                if outcome.snapshot is not None:
+                    changes["latest"], changes["recent"] = served(state.latest, outcome.snapshot, recent=state.recent)
+                if outcome.result.measured:
+                    changes["last_success_at"] = outcome.finished_at
+                reference = outcome.snapshot.host_reference if outcome.snapshot is not None else None
+                if reference is not None:  # withheld sweeps too: a lasting change of the host must become the figure
+                    changes["host_references"] = (*state.host_references, reference)[-HOST_REFERENCES_KEPT:]
+                self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+            self._remember("sweep", outcome, state)
 
     def record_retry(self, outcome: SweepOutcome) -> RetryResult:
         """A retry of busy GPUs: what it measured is laid over the served snapshot; counted apart from sweeps,
         by what the configuration still asks for (a GPU a reload removed is not still busy)."""
-        with self._lock:
-            outcome = self.as_wanted(outcome)
-            state = self._state
-            snapshot = outcome.snapshot
-            if snapshot is None or not outcome.result.completed:
-                result = RetryResult.FAILED
-            elif snapshot.gpus_to_retry:
-                result = RetryResult.BUSY
-            else:
-                result = RetryResult.MEASURED
-            changes: dict[str, object] = {"retries": _bumped(state.retries, result)}
-            if snapshot is not None and state.latest is not None:
-                changes["latest"], changes["recent"] = served(
-                    state.latest, snapshot, wanted=self._wanted, recent=state.recent, partial=True
-                )
-            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+        with self._history_order:
+            with self._lock:
+                outcome = self._as_loaded(outcome)
+                state = self._state
+                snapshot = outcome.snapshot
+                if snapshot is None or not outcome.result.completed:
+                    result = RetryResult.FAILED
+                elif snapshot.gpus_to_retry:
+                    result = RetryResult.BUSY
+                else:
+                    result = RetryResult.MEASURED
+                changes: dict[str, object] = {"retries": _bumped(state.retries, result)}
+                if snapshot is not None and state.latest is not None:
+                    changes["latest"], changes["recent"] = served(
+                        state.latest, snapshot, recent=state.recent, partial=True
+                    )
+                self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+            self._remember("retry", outcome, state)
             return result
 
-    def record_config(self, *, loaded: bool, at: float, wanted: Wanted | None = None) -> None:
-        """A configuration (start-up or reload): whether it took. One that took serves only what it ``wanted``
-        from now on: the served snapshot loses the rest now, each later sweep's and retry's as it is recorded."""
+    def record_skipped(self, reason: str) -> None:
+        """A scheduled sweep that did not run (``reason`` says why): counted, and kept in the history."""
+        with self._history_order:
+            with self._lock:
+                self._state = state = _counted(self._state, SweepResult.SKIPPED)
+            self._remember("skipped", None, state, reason)
+
+    def record_config(self, settings: Settings, *, at: float) -> None:
+        """A configuration that took (start-up or reload): sweeps are planned from it and only what it asks for
+        is served from now on: the served snapshot loses the rest now, each later sweep's and retry's as it
+        is recorded."""
         with self._lock:
+            self._settings = settings
             state = self._state
-            changes: dict[str, object] = {"config_loaded": loaded}
-            if loaded:
-                changes["config_loaded_at"] = at
-                self._wanted = wanted
-                if wanted is not None and state.latest is not None:
-                    changes["latest"] = trimmed(state.latest, wanted)
-            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+            latest = None if state.latest is None else trimmed(state.latest, settings.benchmark)
+            self._state = dataclasses.replace(state, config_loaded=True, config_loaded_at=at, latest=latest)
+
+    def record_config_refused(self) -> None:
+        """A reload whose configuration did not take: the loaded one stays, and the state says so."""
+        with self._lock:
+            self._state = dataclasses.replace(self._state, config_loaded=False)
 
     def record_next_sweep(self, at: float | None) -> None:
         """When the schedule's next sweep is due; the same time again leaves the state (and its /metrics) as it is."""
@@ -94,9 +112,21 @@ class StateStore:
             if at != self._state.next_sweep_at:
                 self._state = dataclasses.replace(self._state, next_sweep_at=at)
 
-    def record_skipped(self) -> None:
-        with self._lock:
-            self._state = self._counted(self._state, SweepResult.SKIPPED)
+    def _as_loaded(self, outcome: SweepOutcome) -> SweepOutcome:
+        """The outcome with only what the loaded configuration asks for (a reload may come mid-sweep). Under _lock:
+        the one trim of a run, which the served state and the history both hold."""
+        if outcome.snapshot is None or self._settings is None:
+            return outcome
+        return dataclasses.replace(outcome, snapshot=trimmed(outcome.snapshot, self._settings.benchmark))
+
+    def _remember(self, kind: str, outcome: SweepOutcome | None, state: ServiceState, reason: str = "") -> None:
+        """The run and the state served after it, into the history (when there is one). Under _history_order."""
+        if self._history is not None:
+            self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
+
+
+def _counted(state: ServiceState, result: SweepResult) -> ServiceState:
+    return dataclasses.replace(state, sweeps=_bumped(state.sweeps, result))
 
 
 K = TypeVar("K")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from crossover_monitor.carry import Wanted, merge, served
+from crossover_monitor.carry import merge, served, trimmed
 from crossover_monitor.model import CrossoverState
+from crossover_monitor.settings import BenchmarkSettings
 from crossover_monitor.state import StateStore
 from tests.conftest import make_plan
 from tests.guardfakes import IDLE, JOB, sweep_with
@@ -68,11 +69,13 @@ def test_merge_drops_a_device_that_failed() -> None:
     assert {m.key.device for m in served.measurements} == {"/CPU:0"}
 
 
-def test_served_leaves_out_what_the_configuration_no_longer_wants_before_carrying_over() -> None:
-    """A sweep that began before a reload: its unwanted device and sizes are gone, and so is their age."""
+def test_a_snapshot_trimmed_to_the_configuration_is_served_without_what_it_no_longer_wants() -> None:
+    """A sweep that began before a reload, trimmed (as the store does) and served: its unwanted device and
+    sizes are gone, and so is their age."""
     _, outcome = sweep_with(lambda _: IDLE)
     assert outcome.snapshot is not None
-    snapshot, recent = served(None, outcome.snapshot, wanted=Wanted(sizes=(16, 32), devices=("/cpu:0",)), recent=())
+    cpu_only = BenchmarkSettings(sizes=(16, 32), devices=("/cpu:0",), modes=("compute",))
+    snapshot, recent = served(None, trimmed(outcome.snapshot, cpu_only), recent=())
     assert {m.key.device for m in snapshot.measurements} == {"/CPU:0"}
     assert {m.key.size for m in snapshot.measurements if m.role == "sweep"} == {16, 32}
     assert dict(snapshot.measured_at).keys() == {"/CPU:0"}
@@ -80,14 +83,13 @@ def test_served_leaves_out_what_the_configuration_no_longer_wants_before_carryin
 
 
 def test_served_widens_the_fresh_crossover_by_its_recent_moves() -> None:
-    """Everything wanted: what ``merge`` serves, each crossover found again remembered among the recent n*."""
+    """What ``merge`` serves, each crossover found again remembered among the recent n*."""
     _, first = sweep_with(lambda _: IDLE)
     _, second = sweep_with(lambda _: IDLE)
     assert first.snapshot is not None
     assert second.snapshot is not None
-    everything = Wanted(sizes=(16, 32, 64, 128))
-    previous, recent = served(None, first.snapshot, wanted=everything, recent=())
-    snapshot, recent = served(previous, second.snapshot, wanted=None, recent=recent)
+    previous, recent = served(None, first.snapshot, recent=())
+    snapshot, recent = served(previous, second.snapshot, recent=recent)
     assert snapshot.measurements == merge(previous, second.snapshot).measurements
     (crossover,) = snapshot.crossovers
     assert crossover.state is CrossoverState.FOUND

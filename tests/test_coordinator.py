@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import FrameType
 
 import pytest
 
 from crossover_monitor.config import settings_from_mapping
 from crossover_monitor.coordinator import SweepCoordinator
+from crossover_monitor.daemon import Service
+from crossover_monitor.history import RunHistory, read_recent
 from crossover_monitor.model import RetryResult, SweepResult
 from crossover_monitor.protocol import Plan
+from crossover_monitor.settings import BenchmarkSettings, HistorySettings, RefineSettings, ServerSettings, Settings
 from crossover_monitor.state import StateStore
-from tests.conftest import free_port
+from tests.conftest import QUICK_TIMING, free_port
 from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
 
 
@@ -61,8 +69,9 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
 
 
 def _coordinator() -> SweepCoordinator:
-    settings = settings_from_mapping({"schedule": {"interval": "1h"}, "benchmark": {"timeout": "60s"}})
-    return SweepCoordinator(settings, StateStore(), None, launch=lambda plan: ThreadWorker(plan, fake_guard(None)))
+    store = StateStore()
+    store.record_config(settings_from_mapping({"schedule": {"interval": "1h"}, "benchmark": {"timeout": "60s"}}), at=0)
+    return SweepCoordinator(store, launch=lambda plan: ThreadWorker(plan, fake_guard(None)))
 
 
 def test_stuck_says_why_sweeps_no_longer_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,3 +93,85 @@ def test_stuck_says_why_sweeps_no_longer_run(monkeypatch: pytest.MonkeyPatch) ->
     assert coordinator.stuck() == "a sweep has been running for more than 90s and could not be stopped"
     monkeypatch.setattr(coordinator, "_sweep_started", time.monotonic() - 60)  # within its deadline and grace
     assert coordinator.stuck() is None
+
+
+@contextlib.contextmanager
+def _on_call(function: Callable[..., object], action: Callable[[], object]) -> Iterator[None]:
+    """Runs ``action`` once, on this thread, as ``function`` is called and before its body: an event placed
+    exactly between two steps of the code under test, which runs unchanged (nothing is replaced)."""
+    code = getattr(function, "__code__", None)
+    assert code is not None
+    fired = False
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        nonlocal fired
+        if event == "call" and frame.f_code is code and not fired:
+            fired = True
+            action()
+
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(None)
+    assert fired, f"{function.__qualname__} was not called"
+
+
+@pytest.mark.parametrize(
+    ("mid_sweep", "at_recording", "recorded"),
+    [
+        ((), ("/CPU:0",), {"/CPU:0"}),
+        ((("/CPU:0",),), None, {"/CPU:0", "/GPU:0"}),
+    ],
+    ids=["fewer-devices-at-recording", "every-device-again-at-recording"],
+)
+def test_a_reload_as_a_sweep_is_recorded_decides_alone_what_is_served_and_what_the_history_holds(
+    tmp_path: Path,
+    mid_sweep: tuple[tuple[str, ...] | None, ...],
+    at_recording: tuple[str, ...] | None,
+    recorded: set[str],
+) -> None:
+    """Issue 36: the sweep's outcome is trimmed once, to the configuration loaded when the store records it,
+    and the history holds that very record. A reload landing after the sweep ended and before its recording
+    (while the coordinator handed the outcome over) was undone in the history, which got the coordinator's
+    earlier trim; and a reload mid-sweep, then back, left the served snapshot trimmed by both."""
+    listen = ("127.0.0.1", free_port())
+
+    def settings(devices: tuple[str, ...] | None) -> Settings:
+        bench = BenchmarkSettings(
+            sizes=(16, 32, 64, 128),
+            modes=("compute",),
+            devices=devices,
+            timing=QUICK_TIMING,
+            refine=RefineSettings(enabled=False),
+        )
+        return Settings(
+            benchmark=bench, server=ServerSettings(address=listen), history=HistorySettings(directory=str(tmp_path))
+        )
+
+    loads = [settings(devices) for devices in (*mid_sweep, at_recording)]
+
+    def launch(plan: Plan) -> ThreadWorker:
+        for _ in mid_sweep:  # the plan is made: a reload now lands mid-sweep
+            assert service.reload()
+        return ThreadWorker(plan, fake_guard(FakeSampler(lambda _: IDLE)))
+
+    service = Service(settings(None), launch=launch, load=lambda: loads.pop(0))
+    try:
+        with _on_call(StateStore.record, service.reload):
+            service._sweeps._sweep()  # the scheduler is not started: the sweep runs here, on this thread
+        state = service.read_state()
+    finally:
+        service.stop()  # closes the history
+    assert not loads
+    assert state.latest is not None
+    assert state.last_outcome is not None
+    assert state.last_outcome.snapshot is not None
+    assert {m.key.device for m in state.latest.measurements} == recorded
+    assert {d.device for d in state.last_outcome.snapshot.devices} == recorded
+    (run,) = read_recent(tmp_path, 10)
+    assert {device for device, _, _ in run.devices} == recorded
+    assert {gpu for gpu, _, _, _ in run.crossovers} == {c.gpu for c in state.latest.crossovers}
+    restored = RunHistory.open(tmp_path, keep_runs=10).restore()
+    assert restored is not None
+    assert restored[0].latest == state.latest

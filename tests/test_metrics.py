@@ -20,6 +20,7 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
+from crossover_monitor.settings import BenchmarkSettings, Settings
 from crossover_monitor.state import StateStore
 from tests import builders
 from tests.service import parse
@@ -133,8 +134,8 @@ def test_timeout_after_success_keeps_last_good_timings_and_marks_devices_down() 
 def test_skipped_sweeps_are_counted() -> None:
     """A run skipped because the previous one still runs is counted under result=skipped."""
     store = StateStore()
-    store.record_skipped()
-    store.record_skipped()
+    store.record_skipped("previous sweep still running")
+    store.record_skipped("run missed")
     assert _registry(store).get_sample_value("matmul_sweeps_total", {"result": "skipped"}) == 2
 
 
@@ -179,7 +180,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
         ),
     )
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=snapshot))
-    store.record_config(loaded=True, at=80)
+    store.record_config(Settings(benchmark=BenchmarkSettings(sizes=(1024,), modes=("compute",))), at=80)
     body, content_type = render(_registry(store), exposition_type(None))
     assert content_type.startswith("text/plain")
     names = {name for name, _ in parse(body.decode())}

@@ -45,7 +45,7 @@ def test_reload_takes_a_valid_configuration_and_refuses_an_invalid_one() -> None
         state = service.read_state()
         assert state.config_loaded is False
         assert state.config_loaded_at is not None
-        assert service._settings.benchmark.sizes == (8, 64)  # the last good one still runs
+        assert service.settings.benchmark.sizes == (8, 64)  # the last good one still runs
     finally:
         service.stop()
 
@@ -55,10 +55,10 @@ def test_reload_keeps_the_listen_address_until_a_restart() -> None:
     moved = Settings(server=ServerSettings(address=("127.0.0.1", 1)), benchmark=BenchmarkSettings(sizes=(8,)))
     service = _service([moved])
     try:
-        before = service._settings.server
+        before = service.settings.server
         assert service.reload() is True
-        assert service._settings.server == before
-        assert service._settings.benchmark.sizes == (8,)
+        assert service.settings.server == before
+        assert service.settings.benchmark.sizes == (8,)
     finally:
         service.stop()
 
@@ -68,12 +68,12 @@ def test_reload_keeps_the_backend_until_a_restart(caplog: pytest.LogCaptureFixtu
     other = Settings(benchmark=BenchmarkSettings(backend="tests.fakes:curve", sizes=(8,)))
     service = _service([other])
     try:
-        before = service._settings.benchmark.backend
+        before = service.settings.benchmark.backend
         assert before != other.benchmark.backend
         with caplog.at_level(logging.WARNING):
             assert service.reload() is True
-        assert service._settings.benchmark.backend == before
-        assert service._settings.benchmark.sizes == (8,)
+        assert service.settings.benchmark.backend == before
+        assert service.settings.benchmark.sizes == (8,)
         assert "benchmark.backend changes take effect at the next restart" in caplog.text
     finally:
         service.stop()

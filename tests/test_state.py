@@ -1,12 +1,16 @@
-"""The served state's store: what a retry of withheld GPUs counts as."""
+"""The store: the loaded configuration, what is served of each run, and each run handed to the run history."""
 
 from __future__ import annotations
 
 import dataclasses
+import sqlite3
+import threading
+from pathlib import Path
 
 import pytest
 
-from crossover_monitor.carry import Wanted
+from crossover_monitor import history as history_module
+from crossover_monitor.history import FILE_NAME, RunHistory
 from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
@@ -17,8 +21,10 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
+from crossover_monitor.settings import BenchmarkSettings, Settings
 from crossover_monitor.state import HOST_REFERENCES_KEPT, StateStore
 from tests.guardfakes import IDLE, sweep_with
+from tests.service import wait_until
 
 
 def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_again_counts_busy() -> None:
@@ -38,45 +44,117 @@ def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_
     assert store.record_retry(retry) is RetryResult.BUSY
 
 
+def _configured(devices: tuple[str, ...] | None = None, sizes: tuple[int, ...] = (16, 32, 64, 128)) -> Settings:
+    """A configuration asking for what ``sweep_with`` times, or less of it."""
+    return Settings(benchmark=BenchmarkSettings(sizes=sizes, devices=devices, modes=("compute",)))
+
+
 def test_the_store_serves_only_what_the_loaded_configuration_wants() -> None:
     """A reload (or the start-up's load) trims the served snapshot now, and every sweep and retry recorded after it."""
     _, outcome = sweep_with(lambda _: IDLE)
     assert outcome.snapshot is not None
     store = StateStore(ServiceState(latest=outcome.snapshot))  # as restored from the history
-    cpu_only = Wanted(sizes=(16, 32), devices=("/CPU:0",))
+    cpu_only = _configured(("/CPU:0",), sizes=(16, 32))
 
     def served_points() -> set[tuple[str, int]]:
         latest = store.read().latest
         assert latest is not None
         return {(m.key.device, m.key.size) for m in latest.measurements if m.role == "sweep"}
 
-    store.record_config(loaded=True, at=1.0, wanted=cpu_only)
+    store.record_config(cpu_only, at=1.0)
     assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
-    store.record_config(loaded=False, at=2.0, wanted=None)  # refused: the running configuration stays
+    store.record_config_refused()  # the running configuration stays
+    assert (store.read().config_loaded, store.read().config_loaded_at, store.settings) == (False, 1.0, cpu_only)
     store.record(outcome)  # a sweep that began before the reload
     assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
     store.record_retry(outcome)
     assert served_points() == {("/CPU:0", 16), ("/CPU:0", 32)}
-    store.record_config(loaded=True, at=3.0, wanted=Wanted(sizes=(16, 32, 64, 128)))
+    store.record_config(_configured(), at=3.0)
     store.record(outcome)
     assert {device for device, _ in served_points()} == {"/CPU:0", "/GPU:0"}
 
 
-def test_a_retry_whose_busy_gpu_a_reload_removed_counts_measured_and_is_recorded_without_it() -> None:
-    """A reload mid-retry drops the GPU: the retry is not 'busy' for a GPU no longer asked for, and the
-    outcome the run history records lists only what the configuration still wants."""
+def test_a_retry_whose_busy_gpu_a_reload_removed_counts_measured_and_is_recorded_without_it(tmp_path: Path) -> None:
+    """A reload mid-retry drops the GPU: the retry is not 'busy' for a GPU no longer asked for, and the run
+    history's row of it lists only what the configuration still wants."""
     _, outcome = sweep_with(lambda _: IDLE)
     assert outcome.snapshot is not None
     busy = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.GPU_BUSY, detail="a job")
     retry = dataclasses.replace(outcome, snapshot=dataclasses.replace(outcome.snapshot, withheld=(busy,)))
-    store = StateStore()
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    store = StateStore(history=history)
+    store.record_config(_configured(), at=0.0)
     store.record(outcome)
-    store.record_config(loaded=True, at=1.0, wanted=Wanted(sizes=(16, 32), devices=("/CPU:0",)))
+    store.record_config(_configured(("/CPU:0",)), at=1.0)
     assert store.record_retry(retry) is RetryResult.MEASURED
-    recorded = store.as_wanted(retry).snapshot
-    assert recorded is not None
-    assert {d.device for d in recorded.devices} == {"/CPU:0"}
-    assert not recorded.withheld
+    run, _ = history.recent(10)
+    history.close()
+    assert (run.kind, {device for device, _, _ in run.devices}) == ("retry", {"/CPU:0"})
+
+
+def test_each_run_reaches_the_history_with_the_state_its_recording_served(tmp_path: Path) -> None:
+    """One step: a sweep, a skip and a retry, each recorded by the store, are rows of the history in that order,
+    and the history's served state after each is the state the store serves after it."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    store = StateStore(history=history)
+    store.record_config(_configured(), at=0.0)
+
+    def stored() -> ServiceState:
+        restored = history.restore()
+        assert restored is not None
+        assert restored[1] == store.settings.benchmark.backend
+        return restored[0]
+
+    def persisted(state: ServiceState) -> ServiceState:  # what the history keeps of a state: no snapshot twice
+        last = state.last_outcome
+        kept = None if last is None else dataclasses.replace(last, snapshot=None)
+        return dataclasses.replace(state, last_outcome=kept, config_loaded=None, config_loaded_at=None)
+
+    store.record(outcome)
+    assert stored() == persisted(store.read())
+    store.record_skipped("previous sweep still running")
+    assert stored() == persisted(store.read())
+    store.record_retry(outcome)
+    assert stored() == persisted(store.read())
+    runs = history.recent(10)
+    history.close()
+    assert [(run.kind, run.reason) for run in runs] == [
+        ("retry", ""),
+        ("skipped", "previous sweep still running"),
+        ("sweep", ""),
+    ]
+
+
+def test_a_reload_does_not_wait_for_a_history_write_held_up_by_another_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store serves a run before it writes it: a reload while that write waits for another process's lock
+    takes effect at once, and the run is written once the lock goes, before the runs recorded after it."""
+    _, outcome = sweep_with(lambda _: IDLE)
+    # The write waits for the lock until the test lets it go, however slow the machine (not WRITE_WAIT_S).
+    monkeypatch.setattr(history_module, "WRITE_WAIT_S", 600.0)
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    store = StateStore(history=history)
+    store.record_config(_configured(), at=0.0)
+    store.record(outcome)
+    other = sqlite3.connect(tmp_path / FILE_NAME, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process's write transaction, held
+    recording = threading.Thread(target=store.record, args=(outcome,))
+    recording.start()
+    try:
+        wait_until(lambda: store.read().count(SweepResult.SUCCESS) == 2, 10, "the second sweep to be served")
+        store.record_config(_configured(("/CPU:0",)), at=1.0)
+        assert recording.is_alive()  # its history write still waits for the file
+        assert store.settings.benchmark.devices == ("/CPU:0",)
+    finally:
+        other.execute("COMMIT")
+        other.close()
+        recording.join(10)
+    store.record_skipped("run missed")
+    runs = history.recent(10)
+    history.close()
+    assert [run.kind for run in runs] == ["skipped", "sweep", "sweep"]
 
 
 def test_a_sweep_the_guard_withheld_whole_is_counted_so_and_does_not_move_the_last_success() -> None:
