@@ -1,6 +1,7 @@
-# Sourced by scripts/run and scripts/test: a virtual environment in .venv with the project installed.
-# Usage: bootstrap_venv EXTRA [REQUIREMENT...]   (EXTRA is a pip extra such as "test", or empty;
-# the requirements are installed in the same pip call)
+# Sourced by scripts/run and scripts/test: a virtual environment in .venv with the project installed, its
+# runtime dependencies from the hashed lock in requirements/ (scripts/lock writes it); the OS packages it needs.
+# Usage: bootstrap_venv EXTRA [REQUIREMENT...]   (EXTRA is a pip extra such as "test", "cuda,plot", or empty;
+# the requirements are installed in the same pip call as the extras the lock does not cover)
 
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -12,8 +13,34 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
 }
 
+# The lock of the runtime dependencies for EXTRA on Python VERSION (major.minor): the cuda set where EXTRA names
+# cuda, else the plain one. Prints its path; fails, naming the locks there are, where VERSION has none.
+# Usage: lock_file EXTRA VERSION
+lock_file() {
+  local extra="$1" version="$2" set=runtime
+  if [[ ",$extra," == *,cuda,* ]]; then set=cuda; fi
+  local lock="requirements/$set-py$version.txt"
+  if [ ! -e "$lock" ]; then
+    echo "no lock of the runtime dependencies for Python $version ($lock); there are: $(cd requirements && echo *.txt)." \
+      "Set PYTHON to a Python they cover (e.g. PYTHON=python3.11), or add $version to scripts/lock and run it" >&2
+    return 1
+  fi
+  echo "$lock"
+}
+
+# The extras of the comma-separated EXTRA that no lock covers (all but cuda), comma-separated.
+# Usage: unlocked_extras EXTRA
+unlocked_extras() {
+  local name rest=()
+  IFS=, read -ra names <<<"$1"
+  for name in "${names[@]}"; do
+    if [ -n "$name" ] && [ "$name" != cuda ]; then rest+=("$name"); fi
+  done
+  (IFS=,; echo "${rest[*]}")
+}
+
 bootstrap_venv() {
-  local extra="$1" python="${PYTHON:-python3}"
+  local extra="$1" python="${PYTHON:-python3}" version lock rest
   shift
   # One stamp per extra: a venv first made without the cuda extra gets it once a GPU appears.
   local stamp=".venv/.installed${extra:+-$extra}"
@@ -21,10 +48,23 @@ bootstrap_venv() {
     # Debian and Ubuntu ship venv's pip bootstrap separately.
     "$python" -m venv .venv 2>/dev/null || { rm -rf .venv; apt_install python3-venv && "$python" -m venv .venv; }
   fi
-  # Install the first time and again only when pyproject.toml changes: a restart needs no package index.
-  if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  version=$(.venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  lock=$(lock_file "$extra" "$version")
+  # Install the first time and again only when pyproject.toml or the lock changes: a restart needs no package index.
+  if [ ! -e "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ "$lock" -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".${extra:+[$extra]}" "$@"
+    # The runtime dependencies exactly as locked; pip refuses a file whose hash the lock lacks, and a
+    # dependency the lock misses.
+    .venv/bin/python -m pip install -q --require-hashes -r "$lock"
+    rest=$(unlocked_extras "$extra")
+    if [ -z "$rest" ] && [ $# -eq 0 ]; then
+      .venv/bin/python -m pip install -q --no-deps -e .
+    else
+      # Extras the lock does not cover (test, plot, ...) are resolved, held to the locked versions: a conflict
+      # fails here instead of moving a locked package. pip takes no hashes in a constraints file.
+      sed -e '/^ *--hash=/d' -e 's/ *\\$//' "$lock" >.venv/lock-constraints.txt
+      .venv/bin/python -m pip install -q -e ".${rest:+[$rest]}" "$@" -c .venv/lock-constraints.txt
+    fi
     touch "$stamp"
   fi
 }
