@@ -39,6 +39,31 @@ unlocked_extras() {
   (IFS=,; echo "${rest[*]}")
 }
 
+# The unit files systemd has enabled, one per line, sorted (none where systemctl is missing).
+enabled_units() {
+  if command -v systemctl >/dev/null; then
+    systemctl list-unit-files --state=enabled --no-legend --no-pager | awk '{print $1}' | sort
+  fi
+}
+
+# Debian enables, and where systemd runs starts, the services its packages ship: prometheus installs a system
+# Prometheus on :9090, prometheus-alertmanager one on :9093, podman its API socket. Stops and disables each unit
+# enabled now that BEFORE (enabled_units' output before the install) did not list, and names them on stderr.
+# WHO says whose install it was. ROOT (default: the real one) is there for the tests.
+# Usage: disable_units_enabled_since BEFORE WHO [ROOT]
+disable_units_enabled_since() {
+  local before="$1" who="$2" root="${3:-}" unit new
+  new=$(comm -13 <(echo "$before") <(enabled_units))
+  if [ -z "$new" ]; then return 0; fi
+  for unit in $new; do
+    as_root systemctl disable --quiet "$unit"
+    # Only a running systemd can stop a unit (in a container or chroot, the install could not start it).
+    if [ -d "$root/run/systemd/system" ]; then as_root systemctl stop "$unit"; fi
+  done
+  echo "$who: stopped and disabled what installing its packages enabled, which the tests do not use:" \
+    "${new//$'\n'/ } (systemctl enable --now UNIT brings one back)" >&2
+}
+
 bootstrap_venv() {
   local extra="$1" python="${PYTHON:-python3}" version lock rest
   shift

@@ -72,7 +72,8 @@ WORKER_RUNNING = "grep -qs crossover_monitor.bench.worker /proc/[0-9]*/cmdline"
 # wheelhouse already there: the build stage's virtual environment, then the final stage's copy of it, each
 # also written out once more while podman commits it. Measured with this suite's flags (--layers=false) on
 # 2026-12-01, with a margin: CPU image 10.6 GB, GPU image 31.5 GB (benchmarks/README.md "Real-deploy
-# tests' disk"). CI machines differ in free disk (one such run ran out half-way).
+# tests' disk"); the CPU image from the lock again on 2026-12-06: 10.9 GB (README "What ./scripts/test
+# installs and needs"). CI machines differ in free disk (one such run ran out half-way).
 CPU_BUILD_NEEDS_GB = 12.0
 GPU_BUILD_NEEDS_GB = 34.0
 

@@ -204,3 +204,69 @@ def test_a_python_without_a_lock_stops_the_set_up_naming_the_locks_there_are(tmp
     assert "runtime-py3.11.txt" in done.stderr
     assert "PYTHON=python3.11" in done.stderr
     assert not calls.exists()
+
+
+def fake_systemd(tmp_path: Path, *enabled: str) -> dict[str, str]:
+    """systemctl and sudo on PATH: a list of enabled unit files in a file, and a log of disable and stop calls."""
+    bin_dir, state = tmp_path / "bin", tmp_path / "enabled"
+    bin_dir.mkdir()
+    state.write_text("".join(f"{unit}\n" for unit in enabled))
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in\n'
+        f'  list-unit-files) sed "s/$/ enabled enabled/" {state} ;;\n'
+        f'  disable) echo "$*" >> {tmp_path}/calls; grep -vx "$3" {state} > {state}.new; mv {state}.new {state} ;;\n'
+        f'  *) echo "$*" >> {tmp_path}/calls ;;\n'
+        "esac\n"
+    )
+    (bin_dir / "sudo").write_text('#!/bin/sh\nexec "$@"\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return _environment(PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+def install_enabling(tmp_path: Path, env: dict[str, str], *units: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """Takes the enabled units, "installs" packages that enable ``units``, then undoes what they enabled."""
+    added = "".join(f"{unit}\\n" for unit in units)
+    return bash(
+        f"before=$(enabled_units); printf '{added}' >> {tmp_path}/enabled; "
+        f'disable_units_enabled_since "$before" scripts/test {root}',
+        env=env,
+    )
+
+
+def test_services_the_package_install_enabled_are_stopped_disabled_and_named(tmp_path: Path) -> None:
+    """Debian's prometheus enables a system Prometheus on :9090: scripts/test stops and disables it, and says so."""
+    env = fake_systemd(tmp_path, "e2scrub_reap.service", "ssh.service")
+    (tmp_path / "run" / "systemd" / "system").mkdir(parents=True)  # systemd runs
+    done = install_enabling(tmp_path, env, "prometheus.service", "podman.socket", root=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        "disable --quiet podman.socket",
+        "stop podman.socket",
+        "disable --quiet prometheus.service",
+        "stop prometheus.service",
+    ]
+    assert (tmp_path / "enabled").read_text().split() == ["e2scrub_reap.service", "ssh.service"]
+    assert done.stderr == (
+        "scripts/test: stopped and disabled what installing its packages enabled, which the tests do not use: "
+        "podman.socket prometheus.service (systemctl enable --now UNIT brings one back)\n"
+    )
+
+
+def test_a_service_enabled_before_the_install_is_left_alone(tmp_path: Path) -> None:
+    """An operator's own Prometheus, enabled before, stays enabled and running; nothing is said."""
+    env = fake_systemd(tmp_path, "prometheus.service")
+    (tmp_path / "run" / "systemd" / "system").mkdir(parents=True)
+    done = install_enabling(tmp_path, env, root=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "calls").exists()
+    assert done.stderr == ""
+
+
+def test_without_a_running_systemd_the_new_services_are_disabled_not_stopped(tmp_path: Path) -> None:
+    """In a container or chroot nothing was started: the units are disabled so that a boot does not start them."""
+    env = fake_systemd(tmp_path)
+    done = install_enabling(tmp_path, env, "prometheus-alertmanager.service", root=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == ["disable --quiet prometheus-alertmanager.service"]
