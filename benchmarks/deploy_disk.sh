@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Peak disk of one real-deploy image build (tests/realdeploy.py), with given podman build flags.
 # Needs the suite's store and wheelhouse in .cache/deploy (run the real-deploy tests once first), root.
-# Usage: benchmarks/deploy_disk.sh LABEL Dockerfile|Dockerfile.gpu core|cuda [podman build flags...]
+# Usage: benchmarks/deploy_disk.sh LABEL Dockerfile|Dockerfile.gpu WHEELHOUSE [podman build flags...]
+# (WHEELHOUSE: the folder in .cache/deploy/wheels named after the lock the Dockerfile installs: runtime-py3.11)
 # Appends one line to benchmarks/results/deploy-disk-$(date +%F).txt: the peak and what stays, in MB
 # above the filesystem's use before the build, sampled every second with df.
 set -euo pipefail

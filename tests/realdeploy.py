@@ -5,8 +5,9 @@ No registry and no Docker daemon are reachable on the CI machine, so everything 
 1. a Debian bookworm tree from ``debootstrap`` with systemd, dbus and python3 (cached between runs);
 2. that tree imported into podman as the image's base (``--build-arg BASE=``; the public base is
    ``python:3.11-slim-bookworm``, the same Debian release and Python minor version);
-3. ``deploy/container/Dockerfile`` built unchanged from it, offline, pip reading a wheelhouse that pip
-   downloaded beside the test environment (``--network none``: nothing else reaches the build);
+3. ``deploy/container/Dockerfile`` built unchanged from it, offline, pip reading a wheelhouse of the
+   lock's wheels (requirements/, checked against its hashes) that pip downloaded beside the test
+   environment (``--network none``: nothing else reaches the build);
 4. the image run by podman as the container tests' subject, and its tree -- the base's systemd, the
    project's virtual environment at the path the unit expects -- booted with ``systemd-nspawn`` for
    the unit's tests, with ``deploy/systemd/crossover-monitor.service`` copied in.
@@ -16,24 +17,32 @@ run as root. Without them the tests skip and say so; with ``CROSSOVER_MONITOR_DE
 (set by ``.ci/run``) they fail instead, so CI cannot pass without running them. A machine without the
 free disk a build needs (about 12 GB for the CPU image, 34 GB for the GPU one) skips the tests of that
 image, saying how much is free: that is the machine's, not something the suite can install.
+
+What stays in .cache/deploy between runs is bounded: the Debian tree, one wheelhouse per lock (the lock's
+wheels only), and podman's store with the base and the CPU image; the GPU image and every untagged image a
+build leaves are removed. ``rm -rf .cache/deploy`` frees it all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from packaging.utils import NormalizedName, canonicalize_name, parse_wheel_filename
 
 from tests.conftest import REPO
+from tests.locks import LOCKS, dockerfile_lock, read_lock
 
 CACHE = REPO / ".cache" / "deploy"
 ROOTFS = CACHE / "rootfs-bookworm"
@@ -63,7 +72,8 @@ WORKER_RUNNING = "grep -qs crossover_monitor.bench.worker /proc/[0-9]*/cmdline"
 # wheelhouse already there: the build stage's virtual environment, then the final stage's copy of it, each
 # also written out once more while podman commits it. Measured with this suite's flags (--layers=false) on
 # 2026-12-01, with a margin: CPU image 10.6 GB, GPU image 31.5 GB (benchmarks/README.md "Real-deploy
-# tests' disk"). CI machines differ in free disk (one such run ran out half-way).
+# tests' disk"); the CPU image from the lock again on 2026-12-06: 10.9 GB (README "What ./scripts/test
+# installs and needs"). CI machines differ in free disk (one such run ran out half-way).
 CPU_BUILD_NEEDS_GB = 12.0
 GPU_BUILD_NEEDS_GB = 34.0
 
@@ -183,53 +193,73 @@ def base_image() -> str:
     return tag
 
 
-def wheelhouse(extra: str = "") -> Path:
-    """Every wheel the image installs (the project with ``extra``, its dependencies, its build backend).
+def wheelhouse(lock: Path) -> Path:
+    """Every wheel the image installs: the lock's, checked against its hashes, and the project's build backend.
 
-    pip downloads them beside the test environment (the wheels already there are kept between runs); the
-    build itself reaches no network.
+    pip downloads them beside the test environment; the build itself reaches no network. Bounded: one
+    wheelhouse per lock file there is, holding that lock's wheels and the newest build backend, nothing older.
     """
-    wheels = WHEELS / (extra or "core")
+    wheels = WHEELS / lock.stem
+    for stale in WHEELS.glob("*"):
+        if stale.is_dir() and not (LOCKS / f"{stale.name}.txt").is_file():  # a lock since removed, or renamed
+            shutil.rmtree(stale)
     wheels.mkdir(parents=True, exist_ok=True)
-    project = f"{REPO}[{extra}]" if extra else str(REPO)
+    pins = {(name, pin.version) for name, pin in read_lock(lock).items()}
+    for wheel in wheels.iterdir():
+        name, version, *_ = parse_wheel_filename(wheel.name)
+        if (name, version) not in pins:  # a version the lock no longer names, or a build backend since updated
+            wheel.unlink()
     # No pip cache: it would hold a second copy of every wheel (several GB with the CUDA ones); pip skips
     # the wheels already in the wheelhouse itself.
-    run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-cache-dir", "-d", str(wheels), project, "setuptools>=68"],
-        timeout=900,
-    )
+    download = [sys.executable, "-m", "pip", "download", "-q", "--no-cache-dir", "--only-binary=:all:"]
+    download += ["-d", str(wheels)]
+    run([*download, "--require-hashes", "-r", str(lock)], timeout=900)
+    build_backend = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["build-system"]["requires"]
+    run([*download, *build_backend], timeout=300)
     return wheels
 
 
-def build_image(dockerfile: str, tag: str, needs_gb: float, extra: str = "") -> str:
+def build_image(dockerfile: str, tag: str, needs_gb: float) -> str:
     """deploy/container/DOCKERFILE built on the Debian base, offline, from scratch each run (no layer cache)."""
     (CACHE / "tmp").mkdir(parents=True, exist_ok=True)
     base = base_image()
-    wheels = wheelhouse(extra)
+    wheels = wheelhouse(dockerfile_lock(REPO / "deploy" / "container" / dockerfile))
     # Counted once the base and the wheelhouse are on disk, as the figures were measured.
     require_disk(needs_gb, f"building {tag}")
     pip_conf = CACHE / "pip.conf"
     pip_conf.write_text("[global]\nno-index = true\nfind-links = /wheels\n")
-    podman(
-        "build",
-        "--format=docker",  # the OCI format has no HEALTHCHECK; podman would drop it
-        "--network=none",
-        # No cached layer per step: each would keep another copy of the virtual environment on disk, and a
-        # change under crossover_monitor/ reruns the pip step (and all after it) anyway.
-        "--layers=false",
-        f"--volume={wheels}:/wheels:ro",
-        f"--volume={pip_conf}:/etc/pip.conf:ro",
-        f"--build-arg=BASE={base}",
-        "--file",
-        str(REPO / "deploy" / "container" / dockerfile),
-        "--tag",
-        tag,
-        str(REPO),
-        timeout=1200,
-    )
-    # The build stage's image (a whole virtual environment) is no tagged image's now: free its space.
-    podman("image", "prune", "--force", check=False)
+    try:
+        podman(
+            "build",
+            "--format=docker",  # the OCI format has no HEALTHCHECK; podman would drop it
+            "--network=none",
+            # No cached layer per step: each would keep another copy of the virtual environment on disk, for
+            # a suite that builds each image once a run.
+            "--layers=false",
+            f"--volume={wheels}:/wheels:ro",
+            f"--volume={pip_conf}:/etc/pip.conf:ro",
+            f"--build-arg=BASE={base}",
+            "--file",
+            str(REPO / "deploy" / "container" / dockerfile),
+            "--tag",
+            tag,
+            str(REPO),
+            timeout=1200,
+        )
+    finally:
+        # The build stage's image (a whole virtual environment) and the image this tag named before are no
+        # tagged image's now, nor what a failed build left: free their space.
+        podman("image", "prune", "--force", check=False)
     return tag
+
+
+def image_packages(image: str) -> dict[NormalizedName, str]:
+    """Every distribution in the image's Python environment, by canonical name, with its version."""
+    script = "import importlib.metadata as m, json; print(json.dumps([[d.name, d.version] for d in m.distributions()]))"
+    # Explicit limits, as the container tests set them: podman's defaults cannot be set on this kind of host.
+    limits = ("--ulimit=nofile=4096:4096", "--ulimit=nproc=4096:4096")
+    listed = podman("run", "--rm", "--network=none", *limits, "--entrypoint=python", image, "-c", script).stdout
+    return {canonicalize_name(name): version for name, version in json.loads(listed)}
 
 
 @pytest.fixture(scope="session")
@@ -245,7 +275,7 @@ def gpu_image() -> Iterator[str]:
     Removed after its test: the CPU image is what the other tests run.
     """
     require_tools()
-    yield build_image("Dockerfile.gpu", GPU_IMAGE, GPU_BUILD_NEEDS_GB, "cuda")
+    yield build_image("Dockerfile.gpu", GPU_IMAGE, GPU_BUILD_NEEDS_GB)
     podman("rmi", "--force", GPU_IMAGE, check=False)
     podman("image", "prune", "--force", check=False)
 

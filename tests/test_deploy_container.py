@@ -21,6 +21,7 @@ import yaml
 from crossover_monitor.cli import _parser
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO, free_port, tool
+from tests.locks import dockerfile_lock, lock_path
 from tests.promql import SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "container"
@@ -92,6 +93,13 @@ def healthcheck_command(dockerfile: Path) -> list[str]:
     return json.loads(command)
 
 
+def bases(dockerfile: Path) -> list[str]:
+    """Each stage's base image, with the ARG defaults filled in (the tests build on a local one: realdeploy.py)."""
+    steps = instructions(dockerfile)
+    defaults = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], rest.split()[0]) for word, rest in steps if word == "FROM"]
+
+
 def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
     """Docker's rule: the last pattern matching the path or one of its parent folders decides."""
     parts = path.split("/")
@@ -148,19 +156,34 @@ def test_hadolint_flags_a_broken_dockerfile(good: str, bad: str, rule: str) -> N
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_image_runs_the_service_as_a_non_root_user(dockerfile: Path) -> None:
     """A pinned python-slim base, a numeric non-root USER, the exporter port, and exec-form ENTRYPOINT/CMD."""
-    steps = instructions(dockerfile)
     # FROM ${BASE}: the tests build on a local Debian image (tests/realdeploy.py); the default is the release.
-    defaults = dict(rest.split("=", 1) for word, rest in steps if word == "ARG" and "=" in rest)
-    bases = [
-        re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], rest.split()[0]) for word, rest in steps if word == "FROM"
-    ]
-    assert all(re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base) for base in bases), bases
+    assert all(re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base) for base in bases(dockerfile)), bases(dockerfile)
     final = final_stage(dockerfile)
     user = one(final, "USER").split(":")
     assert all(part.isdigit() and int(part) > 0 for part in user), user
     assert one(final, "EXPOSE") == str(DEFAULT_PORT)
     assert json.loads(one(final, "ENTRYPOINT")) == ["crossover-monitor"]
     assert _parser().parse_args(json.loads(one(final, "CMD"))).command == "run"
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_installs_the_lock_for_its_python_with_hashes_and_the_project_without_deps(dockerfile: Path) -> None:
+    """The build installs the lock of its base's Python with --require-hashes, then only the project (--no-deps).
+
+    No pip call in it resolves a dependency on its own: two builds of one commit hold the same packages.
+    """
+    (python,) = {re.sub(r"python:(3\.\d+)\..*", r"\1", base) for base in bases(dockerfile)}
+    expected = lock_path("cuda" if dockerfile.suffix == ".gpu" else "runtime", python)
+    assert dockerfile_lock(dockerfile) == expected
+    steps = instructions(dockerfile)
+    lock = str(expected.relative_to(REPO))
+    copied = next(i for i, (word, rest) in enumerate(steps) if word == "COPY" and rest.split()[0] == lock)
+    installs = [(i, rest) for i, (word, rest) in enumerate(steps) if word == "RUN" and "pip install" in rest]
+    assert [(rest.split("pip install ", 1)[1]) for _, rest in installs] == [
+        f"--no-cache-dir --require-hashes -r {lock}",
+        "--no-cache-dir --no-deps .",
+    ]
+    assert copied < installs[0][0]
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
@@ -211,11 +234,10 @@ def test_healthcheck_command_tells_healthy_from_unhealthy(health_server: tuple[i
 
 
 def test_gpu_image_installs_tensorflow_with_cuda_for_the_nvidia_runtime() -> None:
-    """Dockerfile.gpu installs the `cuda` extra (tensorflow[and-cuda]) and asks the runtime for compute."""
+    """Dockerfile.gpu installs the `cuda` extra's lock (tensorflow[and-cuda]) and asks the runtime for compute."""
     requirements = importlib.metadata.requires("crossover-monitor") or []
     assert any(r.startswith("tensorflow[and-cuda]") and 'extra == "cuda"' in r for r in requirements)
-    steps = instructions(HERE / "Dockerfile.gpu")
-    assert any(word == "RUN" and '".[cuda]"' in rest for word, rest in steps)
+    assert dockerfile_lock(HERE / "Dockerfile.gpu").name.startswith("cuda-")  # the cuda extra's set, locked
     env = " ".join(rest for word, rest in final_stage(HERE / "Dockerfile.gpu") if word == "ENV")
     assert "NVIDIA_VISIBLE_DEVICES=all" in env
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env
@@ -233,7 +255,8 @@ def test_build_context_keeps_what_the_dockerfiles_copy_and_nothing_else() -> Non
         for word, rest in instructions(dockerfile):
             if word == "COPY" and not rest.startswith("--from"):
                 copied.update(shlex.split(rest)[:-1])
-    assert copied == {"pyproject.toml", "README.md", "crossover_monitor"}
+    locks = {str(dockerfile_lock(dockerfile).relative_to(REPO)) for dockerfile in DOCKERFILES}
+    assert copied == {"pyproject.toml", "README.md", "crossover_monitor", *locks}
     for source in copied:
         assert (REPO / source).exists(), source
         assert not dockerignore_excludes(source, patterns), source

@@ -15,16 +15,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
+import crossover_monitor
 from crossover_monitor.coordinator import STOP_WAIT_S
-from tests.conftest import free_port
-from tests.realdeploy import WORKER_RUNNING, podman
+from tests.conftest import REPO, free_port
+from tests.locks import dockerfile_lock, read_lock
+from tests.realdeploy import WORKER_RUNNING, image_packages, podman
 from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
 STOP_LINE = "INFO    crossover_monitor.coordinator: sweep stopped: the service is stopping"
 UID_GID = "10001:10001"
+DOCKERFILES = REPO / "deploy" / "container"
 
 Start = Callable[..., tuple[str, int]]
 
@@ -159,11 +163,26 @@ def test_without_a_writable_tmp_readiness_says_why_and_no_sweep_crashes(start_co
     assert "FileNotFoundError" not in said, said
 
 
+def assert_holds_its_lock(image: str, dockerfile: str) -> None:
+    """The image's Python environment is its Dockerfile's lock, version for version, plus pip and the project."""
+    packages = image_packages(image)
+    assert packages.pop(canonicalize_name("crossover-monitor")) == crossover_monitor.__version__
+    packages.pop(canonicalize_name("pip"), None)  # the venv's own, from the base's Python: no dependency of the service
+    locked = {name: str(pin.version) for name, pin in read_lock(dockerfile_lock(DOCKERFILES / dockerfile)).items()}
+    assert packages == locked
+
+
+def test_the_image_holds_exactly_the_locked_versions(cpu_image: str) -> None:
+    """Two builds of one commit list the same packages: the lock's, each at its locked version, and no other."""
+    assert_holds_its_lock(cpu_image, "Dockerfile")
+
+
 def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str, tmp_path: Path) -> None:
-    """Dockerfile.gpu built for real: TensorFlow with NVIDIA's CUDA wheels, the same user and healthcheck.
+    """Dockerfile.gpu built for real: TensorFlow with NVIDIA's CUDA wheels as locked, the same user and healthcheck.
 
     No GPU here: a sweep with the image's TensorFlow times the CPU and reports a CUDA build.
     """
+    assert_holds_its_lock(gpu_image, "Dockerfile.gpu")
     assert podman("inspect", "--format={{.Config.User}}", gpu_image).stdout.strip() == UID_GID
     assert "healthz" in podman("image", "inspect", "--format={{json .HealthCheck}}", gpu_image).stdout
     config = tmp_path / "config.yaml"
