@@ -208,6 +208,11 @@ GPU_HOST_WAIT = _metric(
     "Most the thread timing the GPU's points waited for a CPU (every core taken), as a share of a point",
     DEVICE_LABELS,
 )
+GPU_WORKER_MEMORY = _metric(
+    "matmul_gpu_worker_memory_bytes",
+    "Most GPU memory the worker's own process held on the GPU in the latest sweep (NVML, after its points)",
+    DEVICE_LABELS,
+)
 GPU_OTHER_PROCESSES = _metric(
     "matmul_gpu_other_processes", "Most processes of other programs seen on the GPU while it was timed", DEVICE_LABELS
 )
@@ -248,6 +253,7 @@ HARDWARE_GAUGES = (  # (metric, the HardwareContext field it shows)
     (GPU_POWER_LIMITED, "power_limited_ratio"),
     (GPU_THERMAL_LIMITED, "thermal_limited_ratio"),
     (GPU_OTHER_PROCESSES, "other_processes_max"),
+    (GPU_WORKER_MEMORY, "worker_gpu_memory_max_bytes"),
     (GPU_HOST_WAIT, "host_wait_ratio"),
     (CPU_OTHER_LOAD, "other_cpu_cores"),
     (CPU_THROTTLED, "cpu_throttled_s"),

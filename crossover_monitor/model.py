@@ -422,6 +422,9 @@ class HardwareContext:
     pcie_generation_max: int | None = None  # what the link can do
     pcie_width_max: int | None = None
     other_processes_max: int | None = None  # other programs' processes on the GPU, most seen at once
+    # GPU only: the most memory the worker's own process held on the GPU (NVML, at the looks after its
+    # points; the framework's allocator keeps what it grew, so the last looks see about the peak)
+    worker_gpu_memory_max_bytes: int | None = None
     # Share of the time its points ran during which NVML counted the GPU held below its requested
     # clocks by its power (thermal) limit: counted over the points, not sampled after them.
     power_limited_ratio: float | None = None

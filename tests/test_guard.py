@@ -210,6 +210,22 @@ def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
     assert withheld_in(messages)
 
 
+def test_the_gpu_context_records_the_most_memory_the_workers_own_process_held() -> None:
+    """The worker's own context as NVML lists it after each point, by its PID or, in a PID namespace apart,
+    as the smallest hidden process (the rule that tells it from others'); unknown where neither is listed."""
+    grows = FakeSampler(
+        lambda look: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID, used_memory_bytes=look * 2**20),))
+    )
+    _, messages = run_guarded(fake_guard(grows))
+    after_points = [look for look in range(1, grows.looks + 1) if look % 2 == 0]  # looks 2, 4, …: after a point
+    assert _hardware(messages, "/GPU:0").worker_gpu_memory_max_bytes == max(after_points) * 2**20
+    apart = (GpuProcess(pid=9, visible=False, used_memory_bytes=600 * 2**20),)
+    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=apart))))
+    assert _hardware(messages, "/GPU:0").worker_gpu_memory_max_bytes == 600 * 2**20
+    unlisted = FakeSampler(lambda _: dataclasses.replace(IDLE, processes=()))
+    assert _hardware(run_guarded(fake_guard(unlisted))[1], "/GPU:0").worker_gpu_memory_max_bytes is None
+
+
 def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -> None:
     """What the GPU looked like while it was timed: min SM clock, clock events, PCIe link."""
 

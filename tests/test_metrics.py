@@ -168,6 +168,7 @@ def test_exposed_names_cover_every_family_rendered() -> None:
                 thermal_limited_ratio=0.0,
                 host_wait_ratio=0.004,
                 host_slowdown_max=1.03,
+                worker_gpu_memory_max_bytes=1_250_000_000,
             ),
             HardwareContext(
                 backend="tensorflow",

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-from crossover_monitor.model import DeviceInfo, SweepOutcome, SweepResult
+from crossover_monitor.model import (
+    WORKER_CPU_SECONDS,
+    WORKER_PEAK_RSS_BYTES,
+    DeviceInfo,
+    HardwareContext,
+    SweepOutcome,
+    SweepResult,
+)
 from crossover_monitor.report import read_json, render_json, render_table
 from tests.builders import measurement, snapshot
 
@@ -48,3 +56,16 @@ def test_an_older_once_json_with_the_probe_role_is_read_with_the_current_name() 
     older = json.loads(render_json(outcome).replace('"role": "fixed_cost"', '"role": "probe"'))
     assert older["snapshot"]["measurements"][0]["role"] == "probe"
     assert read_json(older) == outcome
+
+
+def test_the_cost_line_names_the_gpu_memory_the_worker_held_on_each_gpu() -> None:
+    """What the sweep cost: CPU seconds and peak memory from the worker, and each GPU's memory where NVML saw it."""
+    environment = {WORKER_CPU_SECONDS: "12.5", WORKER_PEAK_RSS_BYTES: str(2**30)}
+    gpu = HardwareContext(backend="fake", device="/GPU:0", worker_gpu_memory_max_bytes=3 * 2**29)
+    served = dataclasses.replace(
+        snapshot([CPU, GPU], [measurement("/CPU:0", 64, 1e-3)]),
+        environment=tuple(environment.items()),
+        hardware=(gpu, HardwareContext(backend="fake", device="/CPU:0")),
+    )
+    table = render_table(SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=served))
+    assert "what the sweep cost: 12.5 CPU seconds, peak memory 1.00 GiB, 1.50 GiB on /GPU:0 (its worker)" in table

@@ -159,6 +159,7 @@ class _GpuRecord:
     limited: dict[str, tuple[float, float]] = field(default_factory=dict)
     host_wait_max: float | None = None  # the most its timing thread waited for a CPU, as a share of a point
     host_slowdown_max: float | None = None
+    own_memory_max: int | None = None  # the most GPU memory this worker's process held at a look after a point
 
     def add_try(self, load: HostLoad) -> None:
         """Nothing: a GPU point's record keeps only the try that counts."""
@@ -351,6 +352,9 @@ class Guard:
         else:
             record.samples.append(sample)
             record.close_point(sample)
+            own = self._own_process(sample)
+            if own is not None and own.used_memory_bytes is not None:
+                record.own_memory_max = max(own.used_memory_bytes, record.own_memory_max or 0)
         others = self._other_processes(sample)
         record.others_max = max(record.others_max, len(others))
         seen: list[str] = []
@@ -387,19 +391,25 @@ class Guard:
             return f"; no pod's allocation names {uuid} (a process outside the device plugin's, or MIG or index ids)"
         return f"; allocated to pod {', '.join(pods)}"
 
-    def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
-        """Processes of other programs: all but this worker's.
+    def _own_process(self, sample: GpuSample) -> GpuProcess | None:
+        """This worker's process among the GPU's, or None where it has none there.
 
         NVML names processes by their host PID. In a container with its own PID namespace the
-        worker cannot find itself among them (their pids are not in its /proc): there one hidden
-        process is taken to be the worker's own context, and only the rest count. Where it finds
-        itself, every other process counts, hidden or not (systemd's ProtectProc hides other users'). A job already on
-        the GPU is then noticed after the GPU's first point, when the worker's context joins it.
+        worker cannot find itself among them (their pids are not in its /proc): there the smallest
+        hidden process is taken to be the worker's own context. Where it finds itself, every other
+        process is another program's, hidden or not (systemd's ProtectProc hides other users').
         """
-        others = [p for p in sample.processes if p.pid != self._own_pid]
-        hidden = [p for p in others if not p.visible]
-        if hidden and len(others) == len(sample.processes):  # it did not find itself: a PID namespace apart
-            others.remove(min(hidden, key=lambda p: p.used_memory_bytes or 0))  # the worker's: the smallest
+        mine = [p for p in sample.processes if p.pid == self._own_pid]
+        hidden = [p for p in sample.processes if not p.visible]
+        if mine:
+            return mine[0]
+        return min(hidden, key=lambda p: p.used_memory_bytes or 0) if hidden else None
+
+    def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
+        """Processes of other programs: all but this worker's (``_own_process``). A job already on the GPU
+        in a container apart is noticed after the GPU's first point, when the worker's context joins it."""
+        own = self._own_process(sample)
+        others = [p for p in sample.processes if p is not own]
         stray = self._settings.gpu_idle_process_max_mib * 2**20
         return [p for p in others if not p.idle_below(stray)]
 
@@ -649,4 +659,5 @@ def _gpu_context(device: DeviceInfo, record: _GpuRecord) -> HardwareContext:
         thermal_limited_ratio=record.limited_ratio("thermal"),
         host_wait_ratio=record.host_wait_max,
         host_slowdown_max=record.host_slowdown_max,
+        worker_gpu_memory_max_bytes=record.own_memory_max,
     )
