@@ -102,3 +102,19 @@ def test_the_installed_wheel_runs_from_outside_the_checkout(built: Path, tmp_pat
     assert outcome["result"] == "success"
     sizes = {m["key"]["size"] for m in outcome["snapshot"]["measurements"] if m["key"]["device"] == "/CPU:0"}
     assert {8, 32} <= sizes
+
+
+def test_the_release_command_builds_the_versioned_wheel_and_sdist_and_checks_them(tmp_path: Path) -> None:
+    """`scripts/release --out DIR` builds HEAD's wheel and sdist named after the version; `twine check --strict`
+    passes them (the command fails otherwise). Images are left to --images, which needs a registry."""
+    done = subprocess.run(
+        [REPO / "scripts" / "release", "--out", tmp_path], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"crossover_monitor-{__version__}-py3-none-any.whl",
+        f"crossover_monitor-{__version__}.tar.gz",
+    ]
+    assert done.stdout.count("PASSED") == 2, done.stdout
+    refused = subprocess.run([REPO / "scripts" / "release", "--push"], capture_output=True, text=True, check=False)
+    assert (refused.returncode, refused.stderr.strip()) == (2, "scripts/release: --push needs --images REGISTRY")
