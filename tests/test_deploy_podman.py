@@ -175,6 +175,9 @@ def assert_holds_its_lock(image: str, dockerfile: str) -> None:
 def test_the_image_holds_exactly_the_locked_versions(cpu_image: str) -> None:
     """Two builds of one commit list the same packages: the lock's, each at its locked version, and no other."""
     assert_holds_its_lock(cpu_image, "Dockerfile")
+    # What scripts/release checks before it tags an image with the version: the image says that version.
+    said = podman("run", "--rm", "--ulimit=nofile=4096:4096", "--ulimit=nproc=4096:4096", cpu_image, "--version")
+    assert said.stdout.strip().endswith(crossover_monitor.__version__), said.stdout
 
 
 def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str, tmp_path: Path) -> None:
