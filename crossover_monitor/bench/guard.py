@@ -221,9 +221,9 @@ class _CpuRecord:
 class _BlockWatch:
     """The worker's threads' run-queue wait over each timed block of a CPU point.
 
-    Every parallel call waits for its slowest thread, so threads that waited ``w`` cores' worth over a block
-    (a neighbour's thread sharing a core with one of them) stalled it by up to ``w`` of its time: a block
-    they waited more than ``allowed`` in is set aside and another timed. A neighbour the scheduler moves
+    In a fork-join pool every parallel call waits for its slowest thread, so threads that waited ``w`` cores'
+    worth over a block (a neighbour's thread sharing a core with one of them) stalled it by up to ``w`` of its
+    time: a block they waited more than ``allowed`` in is set aside and another timed. A neighbour the scheduler moves
     between cores leaves undisturbed blocks between those it slowed (beside one busy core of 16, the
     threads waited 0.12-0.30 cores over whole points, and some points published 1.5x slower:
     benchmarks/README.md, "the threads' wait").
