@@ -73,15 +73,16 @@ def _environment_lines(snapshot: Snapshot) -> list[str]:
     footprint = (WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES)
     lines = [f"{k}: {v}" for k, v in snapshot.environment if k != GPU_PROBLEM and k not in footprint]
     cpu_s, rss = snapshot.worker_cpu_seconds, snapshot.worker_peak_rss_bytes
-    if cpu_s is not None and rss is not None:
-        gpus = "".join(
-            f", {h.worker_gpu_memory_max_bytes / 2**30:.2f} GiB on {h.device}"
-            for h in snapshot.hardware
-            if h.worker_gpu_memory_max_bytes is not None
-        )
-        lines.append(
-            f"what the sweep cost: {cpu_s:.1f} CPU seconds, peak memory {rss / 2**30:.2f} GiB{gpus} (its worker)"
-        )
+    costs = (
+        [f"{cpu_s:.1f} CPU seconds, peak memory {rss / 2**30:.2f} GiB"] if cpu_s is not None and rss is not None else []
+    )
+    costs += [
+        f"{h.worker_gpu_memory_max_bytes / 2**30:.2f} GiB on {h.device}"
+        for h in snapshot.hardware
+        if h.worker_gpu_memory_max_bytes is not None
+    ]
+    if costs:
+        lines.append(f"what the sweep cost: {', '.join(costs)} (its worker)")
     return lines
 
 

@@ -212,19 +212,30 @@ def test_a_hidden_process_beside_the_workers_own_pid_counts() -> None:
 
 
 def test_the_gpu_context_records_the_most_memory_the_workers_own_process_held() -> None:
-    """The worker's own context as NVML lists it after each point, by its PID or, in a PID namespace apart,
-    as the smallest hidden process (the rule that tells it from others'); unknown where neither is listed."""
-    grows = FakeSampler(
-        lambda look: dataclasses.replace(IDLE, processes=(GpuProcess(pid=OWN_PID, used_memory_bytes=look * 2**20),))
+    """The worker's own context as NVML lists it after each point (not before: 9 GiB there must not count), by
+    its PID or, in a PID namespace apart, as the one hidden process; unknown where it cannot be told apart."""
+
+    def own(memory: int) -> GpuProcess:
+        return GpuProcess(pid=OWN_PID, used_memory_bytes=memory)
+
+    # Odd looks come before a point, even looks after it; the third point's look after says 600 MiB.
+    after = {2: 300 * 2**20, 4: 400 * 2**20, 6: 600 * 2**20}
+    sampler = FakeSampler(
+        lambda look: dataclasses.replace(IDLE, processes=(own(after.get(look, 9 * 2**30 if look % 2 else 2**20)),))
     )
-    _, messages = run_guarded(fake_guard(grows))
-    after_points = [look for look in range(1, grows.looks + 1) if look % 2 == 0]  # looks 2, 4, …: after a point
-    assert _hardware(messages, "/GPU:0").worker_gpu_memory_max_bytes == max(after_points) * 2**20
-    apart = (GpuProcess(pid=9, visible=False, used_memory_bytes=600 * 2**20),)
-    _, messages = run_guarded(fake_guard(FakeSampler(lambda _: dataclasses.replace(IDLE, processes=apart))))
+    _, messages = run_guarded(fake_guard(sampler))
+    assert sampler.looks >= 6
     assert _hardware(messages, "/GPU:0").worker_gpu_memory_max_bytes == 600 * 2**20
-    unlisted = FakeSampler(lambda _: dataclasses.replace(IDLE, processes=()))
-    assert _hardware(run_guarded(fake_guard(unlisted))[1], "/GPU:0").worker_gpu_memory_max_bytes is None
+
+    def apart(*processes: GpuProcess) -> int | None:
+        sampler = FakeSampler(lambda _: dataclasses.replace(IDLE, processes=processes))
+        return _hardware(run_guarded(fake_guard(sampler, require_nvml=False))[1], "/GPU:0").worker_gpu_memory_max_bytes
+
+    assert apart(GpuProcess(pid=9, visible=False, used_memory_bytes=600 * 2**20)) == 600 * 2**20
+    # Two hidden (the worker's and another container's leftover): which is which is not known, so nothing.
+    leftover = GpuProcess(pid=8, visible=False, used_memory_bytes=40 * 2**20, sm_utilization_pct=0.0)  # idle: ignored
+    assert apart(GpuProcess(pid=9, visible=False, used_memory_bytes=5 * 2**20), leftover) is None
+    assert apart() is None
 
 
 def test_hardware_context_records_the_lowest_clock_and_every_throttle_reason() -> None:

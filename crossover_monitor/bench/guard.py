@@ -25,6 +25,7 @@ from crossover_monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, BlockWatch
 from crossover_monitor.model import (
     FORK_JOIN,
     THREAD_POOL,
+    WORK_STEALING,
     DeviceInfo,
     HardwareContext,
     HostReference,
@@ -352,9 +353,9 @@ class Guard:
         else:
             record.samples.append(sample)
             record.close_point(sample)
-            own = self._own_process(sample)
-            if own is not None and own.used_memory_bytes is not None:
-                record.own_memory_max = max(own.used_memory_bytes, record.own_memory_max or 0)
+            own = self._own_memory(sample)
+            if own is not None:
+                record.own_memory_max = max(own, record.own_memory_max or 0)
         others = self._other_processes(sample)
         record.others_max = max(record.others_max, len(others))
         seen: list[str] = []
@@ -405,6 +406,14 @@ class Guard:
             return mine[0]
         return min(hidden, key=lambda p: p.used_memory_bytes or 0) if hidden else None
 
+    def _own_memory(self, sample: GpuSample) -> int | None:
+        """The GPU memory of this worker's process, where it is sure which that is: found by its PID, or the one
+        hidden process (in a PID namespace apart, another container's leftover could be the smallest of several)."""
+        mine = [p for p in sample.processes if p.pid == self._own_pid]
+        hidden = [p for p in sample.processes if not p.visible]
+        found = mine or (hidden if len(hidden) == 1 else [])
+        return found[0].used_memory_bytes if found else None
+
     def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
         """Processes of other programs: all but this worker's (``_own_process``). A job already on the GPU
         in a container apart is noticed after the GPU's first point, when the worker's context joins it."""
@@ -444,7 +453,7 @@ class Guard:
         # Where they take every core (and the thread timing them), they wait for each other (TensorFlow's 2
         # threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign. In a work-stealing
         # pool a thread's wait costs the call nothing: the others take its share.
-        watch_blocks = threads < cores and dict(device.details).get(THREAD_POOL, FORK_JOIN) == FORK_JOIN
+        watch_blocks = threads < cores and dict(device.details).get(THREAD_POOL, FORK_JOIN) != WORK_STEALING
         record = self._cpus.setdefault(device.device, _CpuRecord())
         watches: list[_BlockWatch] = []
 
