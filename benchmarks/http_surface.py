@@ -77,8 +77,10 @@ class Service:
         state = f"history: {{directory: {scratch / 'state'}}}" if history else ""
         self.config.write_text(CONFIG.format(history=state, interval=interval))
         self.log = scratch / f"service-{time.monotonic_ns()}.log"
+        # Checkouts before the rename of 2026-12-06 (6e23130) named the package "monitor".
+        package = "crossover_monitor" if (checkout / "crossover_monitor").is_dir() else "monitor"
         self.command = [
-            sys.executable, "-m", "crossover_monitor", "run", "--config", str(self.config),
+            sys.executable, "-m", package, "run", "--config", str(self.config),
             "--listen", f"127.0.0.1:{self.port}", *extra,
         ]  # fmt: skip
         self.checkout = checkout
