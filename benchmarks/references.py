@@ -194,8 +194,8 @@ def tighter_bound(profiled: dict[int, float], host_loop: dict[int, float]) -> tu
 
     Both overstate the per-call time of back-to-back calls, each in its own regime: the profiler
     slows dispatch, so where a call is dispatch-bound (small n) its kernels wait on the host; the
-    host loop pays each block's end (a wait for the GPU that costs JAX 0.3-0.9 ms, measured by
-    block_overhead.py), which matters where a call is long (large n). The smaller is the tighter.
+    host loop pays each block's end (a wait for the GPU that costs JAX 0.3-0.9 ms: benchmarks/README.md,
+    "NVIDIA H200, JAX backend"), which matters where a call is long (large n). The smaller is the tighter.
     """
     seconds, chosen = {}, {}
     for n, loop in host_loop.items():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.metadata
 import logging
 import os
 import queue
@@ -24,7 +23,7 @@ from crossover_monitor.coordinator import SweepCoordinator
 from crossover_monitor.errors import ConfigError, StartupError
 from crossover_monitor.history import HistoryBusy, HistoryUnavailable, RunHistory
 from crossover_monitor.metrics import render_state, with_process_metrics
-from crossover_monitor.model import BUILTIN_BACKENDS, ServiceState
+from crossover_monitor.model import ServiceState
 from crossover_monitor.page import SweepPicture
 from crossover_monitor.preflight import host_problem
 from crossover_monitor.server import Lifecycle, MetricsServer
@@ -37,17 +36,6 @@ log = logging.getLogger(__name__)
 
 _MAIN_LOOP_TICK_S = 1.0
 _WAKE = 0  # on the inbox: not a signal, only "look at _stopping"
-
-
-def framework_version(backend: str) -> str:
-    """The installed version of a backend's framework, read from package metadata (no import)."""
-    builtin = BUILTIN_BACKENDS.get(backend)  # a plugin's is not known
-    for dist in () if builtin is None else builtin.distributions:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return ""
 
 
 def open_history(settings: Settings) -> RunHistory | None:
@@ -132,9 +120,7 @@ class Service:
                 server.host,
                 server.port,
                 self.read_state,
-                render_metrics=functools.partial(
-                    render_state, backend=backend, framework_version=framework_version(backend)
-                ),
+                render_metrics=functools.partial(render_state, backend=backend),
                 add_process=with_process_metrics,
                 healthy=self.healthy,
                 ready=self.ready,
@@ -238,8 +224,8 @@ class Service:
             log.warning("server.listen changes take effect at the next restart", extra={"listen": new.server.listen})
             new = dataclasses.replace(new, server=running.server)
         if new.benchmark.backend != running.benchmark.backend:
-            # /metrics labels its series with the backend and framework version read at start; sweeps with
-            # another framework under them would be served under the wrong name.
+            # /metrics labels its series with the backend read at start; sweeps with another backend under
+            # them would be served under the wrong name. (The framework's version comes with each sweep.)
             log.warning(
                 "benchmark.backend changes take effect at the next restart", extra={"backend": new.benchmark.backend}
             )

@@ -308,14 +308,9 @@ def _label_values(name: str, source: object = None, /, **given: str) -> list[str
 class StateCollector(Collector):
     """Renders the ServiceState returned by ``read_state`` at scrape time."""
 
-    def __init__(self, read_state: Callable[[], ServiceState], *, backend: str, framework_version: str) -> None:
+    def __init__(self, read_state: Callable[[], ServiceState], *, backend: str) -> None:
         self._read_state = read_state
-        self._build_labels = {
-            "version": __version__,
-            "python_version": platform.python_version(),
-            "backend": backend,
-            "framework_version": framework_version,
-        }
+        self._build_labels = {"version": __version__, "python_version": platform.python_version(), "backend": backend}
 
     def describe(self) -> list[Metric]:
         return []  # collected lazily: the registry must not call collect() at registration
@@ -343,9 +338,13 @@ class StateCollector(Collector):
             yield from families
         yield success
 
-    def _build_metrics(self, _state: ServiceState) -> Iterator[Metric]:
+    def _build_metrics(self, state: ServiceState) -> Iterator[Metric]:
+        # The framework's version is what the latest sweep's worker imported (its environment), not what the
+        # daemon finds installed: a framework upgraded under a running service shows at the next sweep.
+        environment = dict(state.latest.environment) if state.latest is not None else {}
         build = _info(BUILD_INFO)
-        build.add_metric(_label_values(BUILD_INFO, **self._build_labels), {})
+        framework = environment.get("framework_version", "")
+        build.add_metric(_label_values(BUILD_INFO, **self._build_labels, framework_version=framework), {})
         yield build
 
     def _sweep_metrics(self, state: ServiceState) -> Iterator[Metric]:
@@ -478,12 +477,10 @@ class StateCollector(Collector):
         yield from (size, lower, upper, ci_lower, ci_upper, states, derived_at)
 
 
-def build_registry(
-    read_state: Callable[[], ServiceState], *, backend: str, framework_version: str
-) -> CollectorRegistry:
+def build_registry(read_state: Callable[[], ServiceState], *, backend: str) -> CollectorRegistry:
     """A registry of the service's own (never the global one) holding only the state collector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(read_state, backend=backend, framework_version=framework_version))
+    registry.register(StateCollector(read_state, backend=backend))
     return registry
 
 
@@ -544,9 +541,9 @@ def with_process_metrics(body: bytes, exposition: str) -> bytes:
     return body + process
 
 
-def render_state(state: ServiceState, exposition: str, *, backend: str, framework_version: str) -> tuple[bytes, str]:
+def render_state(state: ServiceState, exposition: str, *, backend: str) -> tuple[bytes, str]:
     """/metrics of this one state (the caller read it once): body and content type, as ``render`` gives them."""
-    return render(build_registry(lambda: state, backend=backend, framework_version=framework_version), exposition)
+    return render(build_registry(lambda: state, backend=backend), exposition)
 
 
 def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:

@@ -25,8 +25,6 @@ class BuiltinBackend:
     """What is fixed about one built-in backend, crossover_monitor/bench/<name>_backend.py."""
 
     name: str
-    # The installed packages that carry the framework, the first found giving its version (build info).
-    distributions: tuple[str, ...]
     gpu_prefix: str  # how the framework names its GPUs: this and the index, e.g. "/GPU:0"
     install: str  # what pip installs to bring the framework
 
@@ -40,13 +38,12 @@ BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
     for b in (
         BuiltinBackend(
             name="tensorflow",
-            distributions=("tensorflow", "tensorflow-cpu"),
             gpu_prefix="/GPU:",
             install="crossover-monitor",  # a dependency of the package itself; [cuda] adds its CUDA libraries
         ),
-        BuiltinBackend(name="torch", distributions=("torch",), gpu_prefix="cuda:", install="crossover-monitor[torch]"),
+        BuiltinBackend(name="torch", gpu_prefix="cuda:", install="crossover-monitor[torch]"),
         # The JAX backend names a device by its platform, as JAX does: "gpu" for CUDA and ROCm GPUs alike.
-        BuiltinBackend(name="jax", distributions=("jax",), gpu_prefix="gpu:", install="crossover-monitor[jax]"),
+        BuiltinBackend(name="jax", gpu_prefix="gpu:", install="crossover-monitor[jax]"),
     )
 }
 BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)

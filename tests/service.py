@@ -121,16 +121,14 @@ def landing() -> str:
     return "<html><body><a href='/metrics'>/metrics</a></body></html>"
 
 
-def started_server(
-    read_state: Callable[[], ServiceState], *, backend: str = "torch", framework_version: str = "", **options: Any
-) -> MetricsServer:
+def started_server(read_state: Callable[[], ServiceState], *, backend: str = "torch", **options: Any) -> MetricsServer:
     """A MetricsServer on a free loopback port serving ``read_state``; alive and ready unless ``options`` say."""
     server = MetricsServer(
         "127.0.0.1",
         0,
         read_state,
         **{
-            "render_metrics": functools.partial(render_state, backend=backend, framework_version=framework_version),
+            "render_metrics": functools.partial(render_state, backend=backend),
             "healthy": lambda: (True, "ok"),
             "ready": lambda: (True, "ok"),
             "landing": landing,

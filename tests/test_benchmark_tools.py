@@ -16,7 +16,6 @@ from tests.conftest import REPO
 BENCHMARKS = REPO / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
-import block_overhead  # noqa: E402
 import references  # noqa: E402
 
 RECORDED = sorted(
@@ -24,15 +23,6 @@ RECORDED = sorted(
     for path in (BENCHMARKS / "results").glob("*.json")
     if '"references"' in path.read_text()  # written by the current gpu_reference.py
 )
-
-
-def test_block_fit_separates_the_per_block_cost_from_the_per_call_time() -> None:
-    """A line through block times against calls per block: its intercept is the block's cost, its slope a call's."""
-    # 900 µs per block, 21.27 ms per call: an 8192² float32 matmul under JAX on an H200
-    times = {k: 900e-6 + k * 21.27e-3 for k in block_overhead.CALLS}
-    intercept, slope = block_overhead.fit(times)
-    assert intercept == pytest.approx(900e-6)
-    assert slope == pytest.approx(21.27e-3)
 
 
 def test_jax_reference_takes_the_tighter_of_profiler_and_host_loop() -> None:

@@ -167,7 +167,7 @@ def test_golden_scrape_found_the_h200_crossovers(golden: Samples) -> None:
 def test_exporter_renders_the_golden_scrape_again(golden: Samples) -> None:
     """The current exporter, fed the same data, renders exactly the H200 service's samples."""
     state = _snapshot_from(golden)
-    registry = build_registry(lambda: state, backend="torch", framework_version="2.11.0+cu130")
+    registry = build_registry(lambda: state, backend="torch")
     body, _ = render(registry, exposition_type(None))
     rendered = {
         (name, frozenset((k, v) for k, v in labels if k not in LABELS_ADDED_SINCE_RECORDING or v)): value

@@ -62,11 +62,12 @@ def _snapshot(at: float) -> Snapshot:
 
 
 def _registry(store: StateStore):
-    return build_registry(store.read, backend="tensorflow", framework_version="2.21.0")
+    return build_registry(store.read, backend="tensorflow")
 
 
 def test_nothing_but_counters_and_build_info_before_the_first_sweep() -> None:
-    """Before any sweep: zero counters, build info, and no timings, devices or crossovers."""
+    """Before any sweep: zero counters, build info (no framework version: no worker has reported one), and no
+    timings, devices or crossovers."""
     registry = _registry(StateStore())
     assert registry.get_sample_value("matmul_sweeps_total", {"result": "success"}) == 0
     assert (
@@ -76,13 +77,30 @@ def test_nothing_but_counters_and_build_info_before_the_first_sweep() -> None:
                 "version": "0.1.0",
                 "python_version": __import__("platform").python_version(),
                 "backend": "tensorflow",
-                "framework_version": "2.21.0",
+                "framework_version": "",
             },
         )
         == 1
     )
     assert registry.get_sample_value("matmul_duration_seconds", POINT) is None
     assert registry.get_sample_value("matmul_sweep_last_success_timestamp_seconds") is None
+
+
+def test_build_info_shows_the_framework_version_the_latest_sweep_ran_with() -> None:
+    """The build info's framework version is the latest worker's, so a framework upgraded under a running service
+    shows at its next sweep, without a restart."""
+    store = StateStore()
+    registry = _registry(store)
+
+    def build_version() -> str | None:
+        samples = (s for family in registry.collect() for s in family.samples)
+        return next((s.labels["framework_version"] for s in samples if s.name == "matmul_monitor_build_info"), None)
+
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=90, finished_at=100, snapshot=_snapshot(100)))
+    assert build_version() == "2.21.0"
+    upgraded = dataclasses.replace(_snapshot(200), environment=(("framework_version", "2.22.0"), ("tf32", "false")))
+    store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=190, finished_at=200, snapshot=upgraded))
+    assert build_version() == "2.22.0"
 
 
 def test_successful_sweep_exports_timings_crossover_and_bracket() -> None:

@@ -3,13 +3,11 @@ CPU, and each device's state."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from pathlib import Path
 from typing import Any
 
 from crossover_monitor.bench.registry import BUILTIN
-from crossover_monitor.daemon import framework_version
 from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
@@ -32,14 +30,11 @@ TORCH_GPU = DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="gpu")
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_each_builtin_backend_has_its_module_and_the_distribution_the_build_info_reports() -> None:
-    """One table: each built-in backend is crossover_monitor/bench/<name>_backend.py, and its framework's version is
-    found (the test environment installs all three); a plugin's is not known."""
+def test_each_builtin_backend_has_its_module() -> None:
+    """One table: each built-in backend is crossover_monitor/bench/<name>_backend.py."""
     assert tuple(BUILTIN) == BACKENDS
-    for name, builtin in BUILTIN_BACKENDS.items():
+    for name in BUILTIN_BACKENDS:
         assert (REPO / "crossover_monitor" / "bench" / f"{name}_backend.py").is_file()
-        assert framework_version(name) == importlib.metadata.version(builtin.distributions[0])
-    assert framework_version("package.module:attribute") == ""
     assert BUILTIN_BACKENDS["tensorflow"].gpu_device(1) == "/GPU:1"
 
 

@@ -74,7 +74,7 @@ def serve() -> Iterator[Callable[[ServiceState], str]]:
     servers: list[MetricsServer] = []
 
     def start(state: ServiceState) -> str:
-        server = started_server(lambda: state, backend="fake", framework_version="1.0")
+        server = started_server(lambda: state, backend="fake")
         servers.append(server)
         host, port = server.address
         return f"http://{host}:{port}/metrics"

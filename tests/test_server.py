@@ -83,7 +83,7 @@ class _CountedRendering:
 
     def __call__(self, state: ServiceState, exposition: str) -> tuple[bytes, str]:
         self.rendered.append(state)
-        return render_state(state, exposition, backend="torch", framework_version="")
+        return render_state(state, exposition, backend="torch")
 
 
 def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:

@@ -106,6 +106,7 @@ def test_sweep_and_device_metrics_follow_the_contract(tensorflow_service: tuple[
     assert re.fullmatch(r"\d+\.\d+.*", dict(bench)["framework_version"])
     (build,) = find(samples, "matmul_monitor_build_info")
     assert dict(build)["backend"] == "tensorflow"
+    assert dict(build)["framework_version"] == dict(bench)["framework_version"]  # one source: the worker
 
 
 def test_scrape_passes_promtool_check_metrics(tensorflow_service: tuple[RunningService, str]) -> None:
