@@ -38,6 +38,7 @@ import functools
 import gzip
 import http
 import logging
+import re
 import ssl
 import struct
 import termios
@@ -64,6 +65,10 @@ _WRITE_PIECE = 16384
 # Bytes written to the socket that its peer has not acknowledged (SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket).
 _UNACKNOWLEDGED = getattr(termios, "TIOCOUTQ", None)
 _ACK_POLL_S = (0.002, 0.1)  # the first and the longest wait between two looks at it
+# A request head ends at its first empty line; h11 takes a bare LF for CRLF, as RFC 9112 2.2 allows.
+_HEAD_END = re.compile(rb"\n\r?\n")
+_FOLDED = re.compile(rb"\n[ \t]")  # a line of the head beginning with whitespace: obs-fold
+_CHUNK_SIZE_DIGITS = 16  # a chunk size that fits 64 bits, as Go's net/http allows (h11 allows 20)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,20 +366,22 @@ class HttpServer:
         """The next whole request, or None if the client closed; TimeoutError if it is not all here by ``deadline``."""
         head: h11.Request | None = None
         body = bytearray()
+        chunks: _ChunkSizes | None = None
         while True:
+            # The head as it came, for what h11 accepts and hides (a folded header line).
+            unparsed = protocol.trailing_data[0] if head is None else b""
             event = protocol.next_event()
             if event is h11.NEED_DATA:
                 remaining = deadline - self._loop.time()
                 if remaining <= 0:
                     raise TimeoutError
                 data = await asyncio.wait_for(connection.reader.read(_READ_CHUNK), remaining)
+                if chunks is not None:
+                    chunks.feed(data)
                 protocol.receive_data(data)
             elif isinstance(event, h11.Request):
-                self._check_head(event)
                 head = event
-                if protocol.they_are_waiting_for_100_continue:  # curl and others wait a second for this
-                    continued = h11.InformationalResponse(status_code=100, headers=[])
-                    connection.writer.write(protocol.send(continued) or b"")
+                chunks = self._began(protocol, connection, head, unparsed)
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > self._limits.max_body_bytes:
@@ -391,8 +398,32 @@ class HttpServer:
             elif isinstance(event, h11.ConnectionClosed):
                 return None
 
-    def _check_head(self, head: h11.Request) -> None:
-        """Refuse a head over the limit, one that a proxy in front may frame differently, a body over the limit."""
+    def _began(
+        self, protocol: h11.Connection, connection: _Connection, head: h11.Request, unparsed: bytes
+    ) -> _ChunkSizes | None:
+        """Check a request's head (``unparsed``: the bytes it came in); what follows its chunk sizes if chunked."""
+        self._check_head(head, unparsed)
+        if protocol.they_are_waiting_for_100_continue:  # curl and others wait a second for this
+            continued = h11.InformationalResponse(status_code=100, headers=[])
+            connection.writer.write(protocol.send(continued) or b"")
+        if not any(name.lower() == b"transfer-encoding" for name, _ in head.headers):  # h11 takes only chunked
+            return None
+        chunks = _ChunkSizes(self._limits.max_body_bytes)
+        chunks.feed(protocol.trailing_data[0])  # what came with the head
+        return chunks
+
+    def _check_head(self, head: h11.Request, unparsed: bytes) -> None:
+        """Refuse another HTTP than 1.x, a head over the limit, one that a proxy in front may frame differently
+        (``unparsed``: the bytes it came in), a body over the limit."""
+        if not head.http_version.startswith(b"1."):
+            # h11 answers any version as 1.1 (an HTTP/2 client's preface got 200, then 400 for the rest); as Go's
+            # net/http does, 505 for all but 1.x, whose higher minor versions are served as 1.1 (RFC 9110 2.5).
+            raise h11.RemoteProtocolError("only HTTP versions 1.0 and 1.1 are served", error_status_hint=505)
+        end = _HEAD_END.search(unparsed)
+        if _FOLDED.search(unparsed, 0, end.start() if end else len(unparsed)):
+            # h11 joins a folded line to the one before; a proxy in front may not, and frame the request otherwise
+            # (a folded Transfer-Encoding). RFC 9112 5.2 allows either a 400 or the join: the 400 is the safe one.
+            raise h11.RemoteProtocolError("obsolete line folding (a header line that begins with a space or tab)")
         # h11 bounds only a head still arriving; one that came whole in a read is measured here.
         size = len(head.target) + sum(len(k) + len(v) + 4 for k, v in head.headers)
         if size > self._limits.max_header_bytes:
@@ -571,12 +602,57 @@ def _unacknowledged(fd: int) -> int:
         return 0
 
 
+class _ChunkSizes:
+    """The chunk sizes a chunked body declares, read beside h11 (which does not tell them) from the bytes that
+    follow the head: a chunk larger than the body limit is refused when it is declared, not waited for until
+    the request deadline. h11 checks the framing itself; this only follows it."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._total = 0
+        self._left = 0  # bytes of the current chunk still to come, its closing CRLF included
+        self._line = bytearray()  # a chunk-size line not yet whole
+        self._done = False  # the last chunk came: what follows (trailers, the next request) is not ours
+
+    def feed(self, data: bytes) -> None:
+        at = 0
+        while at < len(data) and not self._done:
+            if self._left:
+                taken = min(self._left, len(data) - at)
+                self._left -= taken
+                at += taken
+                continue
+            end = data.find(b"\n", at)
+            if end < 0:
+                self._line += data[at : at + _READ_CHUNK]  # h11 refuses a line longer than the head limit
+                return
+            self._line += data[at:end]
+            at = end + 1
+            self._declared(bytes(self._line.split(b";", 1)[0].strip()))
+            self._line.clear()
+
+    def _declared(self, digits: bytes) -> None:
+        if len(digits) > _CHUNK_SIZE_DIGITS:
+            raise h11.RemoteProtocolError(f"chunk size of {len(digits)} hex digits", error_status_hint=400)
+        try:
+            size = int(digits, 16)
+        except ValueError:
+            return  # h11 refuses it
+        if size == 0:
+            self._done = True
+        self._total += size
+        if self._total > self._limit:
+            raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
+        self._left = size + 2 if size else 0
+
+
 def _plain_error(status: int, message: str) -> bytes:
     """A whole error response, written without h11 (whose state is spent after a protocol error)."""
-    reasons = {400: "Bad Request", 413: "Content Too Large", 431: "Request Header Fields Too Large"}
+    # RFC 9110's name for 413; Python 3.11 still has "Request Entity Too Large".
+    reason = {413: "Content Too Large"}.get(status) or _REASONS.get(status, b"Error").decode("ascii")
     body = f"{message}\n".encode("utf-8", "replace")
     head = (
-        f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
