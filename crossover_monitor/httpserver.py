@@ -9,10 +9,12 @@ What a client cannot do to it (``HttpLimits``):
 - hold a connection without finishing a request: the whole request head must arrive within
   ``request_timeout`` of the connection (a kept-alive one: within ``idle_timeout`` of the previous
   response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
-- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
-  oldest connection still waiting for its request head (a silent or slow client, or an idle kept-alive
-  one), and gets 503 only when every connection is busy being answered; handlers run on ``workers``
-  threads, whatever the number of clients;
+- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts a
+  connection still waiting for its request head, the longest waiting of those that have sent nothing
+  since they began to wait (a silent client, an idle kept-alive one), else the longest waiting (a slow
+  one), so a burst of new connections does not evict a scraper whose request is here but not yet read;
+  it gets 503 only when every connection is busy being answered; handlers run on ``workers`` threads,
+  whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``;
 - send an oversized head or body: 431 / 413;
@@ -48,6 +50,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import SupportsIndex, cast
 
 import h11
 
@@ -63,7 +66,7 @@ _GZIP_MIN_BYTES = 1024
 # An answer is written this much at a time, each piece once the one before has left (see set_write_buffer_limits).
 _WRITE_PIECE = 16384
 # Bytes written to the socket that its peer has not acknowledged (SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket).
-_UNACKNOWLEDGED = getattr(termios, "TIOCOUTQ", None)
+_UNACKNOWLEDGED: int | None = getattr(termios, "TIOCOUTQ", None)
 _ACK_POLL_S = (0.002, 0.1)  # the first and the longest wait between two looks at it
 # A request head ends at its first empty line; h11 takes a bare LF for CRLF, as RFC 9112 2.2 allows.
 _HEAD_END = re.compile(rb"\n\r?\n")
@@ -129,15 +132,33 @@ class Gate:
     threads: int = 2
 
 
+class _Reader(asyncio.StreamReader):
+    """A StreamReader that counts what it was given: whether a client waiting for its turn has sent anything."""
+
+    received = 0
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        self.received += len(cast("bytes", data))  # the transport gives bytes; typeshed says less
+        super().feed_data(data)
+
+
 @dataclass(eq=False)
 class _Connection:
-    reader: asyncio.StreamReader
+    reader: _Reader
     writer: asyncio.StreamWriter
     busy: bool = False
     stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
     task: asyncio.Task[None] | None = None  # the coroutine serving it: cancelled when it is evicted
     ended: bool = False  # aborted (evicted, or the server stopping): nothing more to close
     failed_checks: int = 0  # requests refused by the gate (wrong passwords): the first evicted when full
+    heard_mark: int = 0  # bytes received when it began waiting for its next request (0: for its first)
+
+    def heard_from(self) -> bool:
+        """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
+        if self.reader.received > self.heard_mark:
+            return True
+        sock = self.writer.get_extra_info("socket")
+        return sock is not None and _socket_count(sock.fileno(), termios.FIONREAD) > 0
 
 
 class HttpServer:
@@ -175,14 +196,13 @@ class HttpServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http-loop", daemon=True)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(
-                    self._serve,
+                self._loop.create_server(
+                    self._protocol,
                     host,
                     port,
                     # Also how many connections asyncio accepts per loop turn: 128 lets admission evict
                     # between bursts, so a flood of connections cannot take every file descriptor at once.
                     backlog=128,
-                    limit=_READ_CHUNK,
                 )
             )
         except OSError:
@@ -191,6 +211,10 @@ class HttpServer:
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self._address = (str(host), int(port))
+
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """What asyncio.start_server makes for each connection, with a reader that counts what it receives."""
+        return asyncio.StreamReaderProtocol(_Reader(limit=_READ_CHUNK, loop=self._loop), self._serve, loop=self._loop)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -265,7 +289,7 @@ class HttpServer:
                 self._checking.pop(evicted, None)
                 self._waiting.pop(evicted, None)
             elif self._waiting:
-                evicted, _ = self._waiting.popitem(last=False)
+                evicted = self._longest_silent()
             elif self._checking:
                 evicted, _ = self._checking.popitem(last=False)
             else:
@@ -279,6 +303,14 @@ class HttpServer:
         self._connections.add(connection)
         return True
 
+    def _longest_silent(self) -> _Connection:
+        """The waiting connection to evict: the longest waiting of those that have sent nothing since they began
+        waiting, else the longest waiting. By age alone, a scraper that had just connected and sent its request
+        was evicted by a burst of new connections admitted before its request was read."""
+        evicted = next((c for c in self._waiting if not c.heard_from()), None) or next(iter(self._waiting))
+        del self._waiting[evicted]
+        return evicted
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Cancelled only by stop(): the connection ends there, which is no error to report (asyncio would
         # log a traceback for a connection task that ends cancelled).
@@ -286,7 +318,7 @@ class HttpServer:
             await self._serve_connection(reader, writer)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(reader, writer, task=asyncio.current_task())
+        connection = _Connection(cast("_Reader", reader), writer, task=asyncio.current_task())
         if not self._admit(connection):
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             with contextlib.suppress(OSError):
@@ -361,6 +393,7 @@ class HttpServer:
                 return
             protocol.start_next_cycle()
             wait = self._limits.idle_timeout_s
+            connection.heard_mark = connection.reader.received
 
     async def _read_request(self, protocol: h11.Connection, connection: _Connection, deadline: float) -> Request | None:
         """The next whole request, or None if the client closed; TimeoutError if it is not all here by ``deadline``."""
@@ -467,7 +500,7 @@ class HttpServer:
         deadline = self._loop.time() + self._limits.write_timeout_s
         pause = _ACK_POLL_S[0]
         try:
-            while _unacknowledged(sock.fileno()) > 0:
+            while _socket_count(sock.fileno(), _UNACKNOWLEDGED) > 0:
                 if connection.stalled_since is None:
                     connection.stalled_since = self._loop.time()  # evictable once this has lasted (see _admit)
                 if self._loop.time() + pause > deadline:
@@ -592,12 +625,13 @@ def _end(connection: _Connection) -> None:
         connection.task.cancel()
 
 
-def _unacknowledged(fd: int) -> int:
-    """Bytes written to socket ``fd`` and not yet acknowledged by its peer; 0 where that cannot be told."""
-    if _UNACKNOWLEDGED is None or fd < 0:  # -1: the socket closed meanwhile (the client went away)
+def _socket_count(fd: int, request: int) -> int:
+    """A count the kernel keeps for socket ``fd``: bytes received and unread (FIONREAD), or written and not yet
+    acknowledged by the peer (SIOCOUTQ); 0 where that cannot be told."""
+    if fd < 0:  # -1: the socket closed meanwhile (the client went away)
         return 0
     try:
-        return int(struct.unpack("i", fcntl.ioctl(fd, _UNACKNOWLEDGED, b"\0\0\0\0"))[0])
+        return int(struct.unpack("i", fcntl.ioctl(fd, request, b"\0\0\0\0"))[0])
     except OSError:
         return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import http.client
@@ -492,3 +493,44 @@ def test_bare_lf_line_endings_higher_minor_versions_and_split_chunked_bodies_are
     sock.close()
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
     assert answer.endswith(b"abc" + b"d" * 16)
+
+
+def test_a_just_connected_scraper_is_not_evicted_by_a_flood_of_silent_connections(slow: Slow) -> None:
+    """Issue 34: with the slots full of silent connections, a scraper that connected and sent its request just
+    before a burst of new connections was evicted as soon as it became the oldest waiting one, before the
+    server had read its request (1 of 89 in a flood of 5,000). Now silent connections go first, the longest
+    waiting of them first. The burst is made to arrive at once by holding the event loop for a moment."""
+    held = threading.Event()
+
+    def quick(request: Request) -> bool | None:
+        if request.path == "/hold":  # runs on the event loop: nothing is accepted meanwhile
+            held.set()
+            time.sleep(0.5)
+        return True
+
+    gate = Gate(quick=quick, slow=lambda _: True, refused=lambda _: Response(status=401))
+    limits = HttpLimits(max_connections=16, workers=2, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits, gate=gate)
+    running.start()
+    silent = [connect(running) for _ in range(limits.max_connections - 1)]
+    try:
+        time.sleep(0.2)
+        holder = connect(running)
+        silent.append(holder)
+        holder.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held.wait(5)
+        scraper = connect(running)  # accepted once the loop is free, ahead of the burst behind it
+        silent.append(scraper)
+        scraper.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        silent += [connect(running) for _ in range(2 * limits.max_connections)]
+        scraper.settimeout(5)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := scraper.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in silent:
+            sock.close()
+        running.stop()
