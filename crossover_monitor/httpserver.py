@@ -157,7 +157,8 @@ class _Connection:
         """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
         if self.reader.received > self.heard_mark:
             return True
-        sock = self.writer.get_extra_info("socket")
+        transport = self.writer.transport  # None after a failed TLS handshake (CPython 3.11), see _end
+        sock = transport.get_extra_info("socket") if transport is not None else None
         return sock is not None and _socket_count(sock.fileno(), termios.FIONREAD) > 0
 
 
