@@ -17,7 +17,9 @@ What a client cannot do to it (``HttpLimits``):
   whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``;
-- send an oversized head or body: 431 / 413;
+- send an oversized head or body: 431 / 413, a chunk declared past the body limit too, when declared;
+- speak another HTTP, or frame a request so a proxy in front may read it otherwise: 505 for another version
+  than 1.x, 400 for a folded header line or a chunk size of more than 16 hex digits;
 - hold a slot by not reading: an answer goes out in pieces of ``_WRITE_PIECE`` (so a stalled reader holds
   no more than a piece or two in memory), and the next request of a connection is read only once its
   client has acknowledged the whole answer before (the kernel's send buffer would otherwise take
