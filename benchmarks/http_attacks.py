@@ -21,7 +21,13 @@ during, and 5 s after, are recorded beside what the attack itself was answered.
 8. ``renewed_readers`` (issue 34 #1): 280 such non-readers renewed every 15 s for 45 s, fresh /healthz
    probes meanwhile;
 9. ``guessers`` (issue 34 #2): 300 connections each pipelining 20 new wrong passwords, renewed as they
-   close, for 20 s; /healthz probes and a scraper with the right password meanwhile.
+   close, for 20 s; /healthz probes and a scraper with the right password meanwhile;
+10. ``flood`` (issue 34, a just-connected scraper evicted): new connections that never send, opened
+    (not waited for) 50 at a time every 50 ms by each of 4 threads for 15 s, each keeping its last 100;
+    /healthz probes meanwhile;
+11. ``history_lock`` (issue 34 #4): with the history on, another process holds its SQLite file in an
+    exclusive transaction for 20 s; the /metrics scraper and one of the landing page meanwhile (p50, p99,
+    failures), then whether the file was kept and what the log said.
 
 ``--checkout DIR`` runs another checkout (a git worktree of an earlier commit) for the "before" figures::
 
@@ -34,6 +40,7 @@ import argparse
 import base64
 import concurrent.futures
 import contextlib
+import errno
 import http.client
 import json
 import os
@@ -107,7 +114,9 @@ class Scraper(threading.Thread):
             "scrapes": len(self.latencies),
             "errors": len(self.errors),
             "error_kinds": sorted(set(self.errors)),
+            "p50_ms": round(percentile(self.latencies, 0.5) * 1000, 1) if self.latencies else None,
             "p99_ms": round(percentile(self.latencies, 0.99) * 1000, 1) if self.latencies else None,
+            "max_ms": round(max(self.latencies) * 1000, 1) if self.latencies else None,
             "peak_rss_mib": round(self.peak_rss, 1),
         }
 
@@ -316,6 +325,93 @@ def guessers(service: Service, connections: int = 300, tries: int = 20) -> dict[
     return row
 
 
+def flood(service: Service, threads: int = 4, burst: int = 50, kept: int = 100, seconds: float = 15) -> dict[str, Any]:
+    """New connections that never send, ``burst`` at a time every 50 ms from each of ``threads`` threads (faster,
+    most are dropped by the kernel's accept queue before the server sees them); /healthz probes meanwhile."""
+    row: dict[str, Any] = {}
+    stop = threading.Event()
+    opened = [0] * threads
+
+    def open_silent(index: int) -> None:
+        ring: list[socket.socket] = []
+        while not stop.is_set():
+            sock = socket.socket()
+            sock.settimeout(0)  # connects not waited for: bursts as fast as Python opens sockets
+            if sock.connect_ex(("127.0.0.1", service.port)) in (0, errno.EINPROGRESS):
+                ring.append(sock)
+                opened[index] += 1
+            else:
+                sock.close()
+                time.sleep(0.01)
+            if len(ring) > kept:
+                ring.pop(0).close()
+            if opened[index] % burst == 0:
+                time.sleep(0.05)
+        for sock in ring:
+            sock.close()
+
+    probe = Scraper(service, path="/healthz")
+    with watched(service, row):
+        flooders = [threading.Thread(target=open_silent, args=(i,), daemon=True) for i in range(threads)]
+        for thread in flooders:
+            thread.start()
+        time.sleep(0.5)
+        probe.start()
+        time.sleep(seconds)
+        row["rss_during_mib"] = round(rss_mib(service), 1)
+        stop.set()
+        for thread in flooders:
+            thread.join(10)
+    row["connections_opened"] = sum(opened)
+    row["healthz_probes"] = probe.result()
+    return row
+
+
+# Another process: an exclusive transaction on the file named by its first argument, for its second in seconds.
+_HOLD_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+"""
+
+
+def history_lock(service: Service, seconds: float = 20) -> dict[str, Any]:
+    """Another process holds the history file in an exclusive transaction; /metrics and / meanwhile."""
+    history = service.config.parent / "state" / "history.sqlite3"
+    began = time.monotonic()
+    while not history.exists() and time.monotonic() - began < 60:  # the first sweep's record creates it
+        time.sleep(0.2)
+    time.sleep(1)
+    log_before = len(service.log.read_text())
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _HOLD_LOCK,
+            str(history),
+            str(seconds),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout is not None  # asked for above
+    row: dict[str, Any] = {"locked": holder.stdout.readline().strip() == b"locked"}
+    locked_at = time.monotonic()
+    page = Scraper(service, path="/")
+    page.start()
+    with watched(service, row):
+        holder.wait(seconds + 30)
+        row["held_s"] = round(time.monotonic() - locked_at, 1)
+        time.sleep(5)  # the next sweep's record, after the release
+    row["landing_page"] = page.result()
+    row["history_file_kept"] = history.exists() and not list(history.parent.glob("history.sqlite3.*"))
+    said = service.log.read_text()[log_before:]
+    row["log_lines_about_history"] = [line[-200:] for line in said.splitlines() if "run history" in line][:5]
+    return row
+
+
 def smuggle(service: Service) -> dict[str, Any]:
     hidden = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
     data = (
@@ -423,8 +519,10 @@ PHASES: dict[str, tuple[Callable[[Service], dict[str, Any]], Callable[[Path], tu
     "readers": (readers, lambda _: ()),
     "renewed_readers": (renewed_readers, lambda _: ()),
     "guessers": (guessers, lambda scratch: ("--web.config.file", str(_web_config(scratch)))),
+    "flood": (flood, lambda _: ()),
     "smuggle": (smuggle, lambda _: ("--web.enable-lifecycle",)),
     "sweeps": (sweeps, lambda _: ("--web.enable-lifecycle",)),
+    "history_lock": (history_lock, lambda _: ()),
 }
 
 
@@ -454,7 +552,9 @@ def main() -> None:
                 # One sweep at start, the next an hour later, where sweeps would hide the attack: the /metrics
                 # cache is emptied by each sweep, and sweep requests are to meet an idle service.
                 interval = "1h" if name in ("sweeps", "accept") else "3s"
-                service = Service(args.checkout, scratch, extra=extra(scratch), interval=interval)
+                service = Service(
+                    args.checkout, scratch, extra=extra(scratch), interval=interval, history=name == "history_lock"
+                )
                 try:
                     service.wait_ready()
                     results[name] = attack(service)

@@ -9,13 +9,17 @@ What a client cannot do to it (``HttpLimits``):
 - hold a connection without finishing a request: the whole request head must arrive within
   ``request_timeout`` of the connection (a kept-alive one: within ``idle_timeout`` of the previous
   response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
-- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
-  oldest connection still waiting for its request head (a silent or slow client, or an idle kept-alive
-  one), and gets 503 only when every connection is busy being answered; handlers run on ``workers``
-  threads, whatever the number of clients;
+- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts a
+  connection still waiting for its request head, the longest waiting of those that have sent nothing
+  since they began to wait (a silent client, an idle kept-alive one), else the longest waiting (a slow
+  one), so a burst of new connections does not evict a scraper whose request is here but not yet read;
+  it gets 503 only when every connection is busy being answered; handlers run on ``workers`` threads,
+  whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``;
-- send an oversized head or body: 431 / 413;
+- send an oversized head or body: 431 / 413, a chunk declared past the body limit too, when declared;
+- speak another HTTP, or frame a request so a proxy in front may read it otherwise: 505 for another version
+  than 1.x, 400 for a folded header line or a chunk size of more than 16 hex digits;
 - hold a slot by not reading: an answer goes out in pieces of ``_WRITE_PIECE`` (so a stalled reader holds
   no more than a piece or two in memory), and the next request of a connection is read only once its
   client has acknowledged the whole answer before (the kernel's send buffer would otherwise take
@@ -38,6 +42,7 @@ import functools
 import gzip
 import http
 import logging
+import re
 import ssl
 import struct
 import termios
@@ -47,6 +52,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import SupportsIndex, cast
 
 import h11
 
@@ -62,8 +68,12 @@ _GZIP_MIN_BYTES = 1024
 # An answer is written this much at a time, each piece once the one before has left (see set_write_buffer_limits).
 _WRITE_PIECE = 16384
 # Bytes written to the socket that its peer has not acknowledged (SIOCOUTQ, Linux's TIOCOUTQ on a TCP socket).
-_UNACKNOWLEDGED = getattr(termios, "TIOCOUTQ", None)
+_UNACKNOWLEDGED: int | None = getattr(termios, "TIOCOUTQ", None)
 _ACK_POLL_S = (0.002, 0.1)  # the first and the longest wait between two looks at it
+# A request head ends at its first empty line; h11 takes a bare LF for CRLF, as RFC 9112 2.2 allows.
+_HEAD_END = re.compile(rb"\n\r?\n")
+_FOLDED = re.compile(rb"\n[ \t]")  # a line of the head beginning with whitespace: obs-fold
+_CHUNK_SIZE_DIGITS = 16  # a chunk size that fits 64 bits, as Go's net/http allows (h11 allows 20)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,15 +134,34 @@ class Gate:
     threads: int = 2
 
 
+class _Reader(asyncio.StreamReader):
+    """A StreamReader that counts what it was given: whether a client waiting for its turn has sent anything."""
+
+    received = 0
+
+    def feed_data(self, data: Iterable[SupportsIndex]) -> None:
+        self.received += len(cast("bytes", data))  # the transport gives bytes; typeshed says less
+        super().feed_data(data)
+
+
 @dataclass(eq=False)
 class _Connection:
-    reader: asyncio.StreamReader
+    reader: _Reader
     writer: asyncio.StreamWriter
     busy: bool = False
     stalled_since: float | None = None  # when its answer last waited for the client to read; None: not waiting
     task: asyncio.Task[None] | None = None  # the coroutine serving it: cancelled when it is evicted
     ended: bool = False  # aborted (evicted, or the server stopping): nothing more to close
     failed_checks: int = 0  # requests refused by the gate (wrong passwords): the first evicted when full
+    heard_mark: int = 0  # bytes received when it began waiting for its next request (0: for its first)
+
+    def heard_from(self) -> bool:
+        """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
+        if self.reader.received > self.heard_mark:
+            return True
+        transport = self.writer.transport  # None after a failed TLS handshake (CPython 3.11), see _end
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        return sock is not None and _socket_count(sock.fileno(), termios.FIONREAD) > 0
 
 
 class HttpServer:
@@ -170,14 +199,13 @@ class HttpServer:
         self._thread = threading.Thread(target=self._loop.run_forever, name="http-loop", daemon=True)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(
-                    self._serve,
+                self._loop.create_server(
+                    self._protocol,
                     host,
                     port,
                     # Also how many connections asyncio accepts per loop turn: 128 lets admission evict
                     # between bursts, so a flood of connections cannot take every file descriptor at once.
                     backlog=128,
-                    limit=_READ_CHUNK,
                 )
             )
         except OSError:
@@ -186,6 +214,10 @@ class HttpServer:
             raise
         host, port = self._server.sockets[0].getsockname()[:2]
         self._address = (str(host), int(port))
+
+    def _protocol(self) -> asyncio.StreamReaderProtocol:
+        """What asyncio.start_server makes for each connection, with a reader that counts what it receives."""
+        return asyncio.StreamReaderProtocol(_Reader(limit=_READ_CHUNK, loop=self._loop), self._serve, loop=self._loop)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -260,7 +292,7 @@ class HttpServer:
                 self._checking.pop(evicted, None)
                 self._waiting.pop(evicted, None)
             elif self._waiting:
-                evicted, _ = self._waiting.popitem(last=False)
+                evicted = self._longest_silent()
             elif self._checking:
                 evicted, _ = self._checking.popitem(last=False)
             else:
@@ -274,6 +306,14 @@ class HttpServer:
         self._connections.add(connection)
         return True
 
+    def _longest_silent(self) -> _Connection:
+        """The waiting connection to evict: the longest waiting of those that have sent nothing since they began
+        waiting, else the longest waiting. By age alone, a scraper that had just connected and sent its request
+        was evicted by a burst of new connections admitted before its request was read."""
+        evicted = next((c for c in self._waiting if not c.heard_from()), None) or next(iter(self._waiting))
+        del self._waiting[evicted]
+        return evicted
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Cancelled only by stop(): the connection ends there, which is no error to report (asyncio would
         # log a traceback for a connection task that ends cancelled).
@@ -281,7 +321,7 @@ class HttpServer:
             await self._serve_connection(reader, writer)
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = _Connection(reader, writer, task=asyncio.current_task())
+        connection = _Connection(cast("_Reader", reader), writer, task=asyncio.current_task())
         if not self._admit(connection):
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             with contextlib.suppress(OSError):
@@ -356,25 +396,28 @@ class HttpServer:
                 return
             protocol.start_next_cycle()
             wait = self._limits.idle_timeout_s
+            connection.heard_mark = connection.reader.received
 
     async def _read_request(self, protocol: h11.Connection, connection: _Connection, deadline: float) -> Request | None:
         """The next whole request, or None if the client closed; TimeoutError if it is not all here by ``deadline``."""
         head: h11.Request | None = None
         body = bytearray()
+        chunks: _ChunkSizes | None = None
         while True:
+            # The head as it came, for what h11 accepts and hides (a folded header line).
+            unparsed = protocol.trailing_data[0] if head is None else b""
             event = protocol.next_event()
             if event is h11.NEED_DATA:
                 remaining = deadline - self._loop.time()
                 if remaining <= 0:
                     raise TimeoutError
                 data = await asyncio.wait_for(connection.reader.read(_READ_CHUNK), remaining)
+                if chunks is not None:
+                    chunks.feed(data)
                 protocol.receive_data(data)
             elif isinstance(event, h11.Request):
-                self._check_head(event)
                 head = event
-                if protocol.they_are_waiting_for_100_continue:  # curl and others wait a second for this
-                    continued = h11.InformationalResponse(status_code=100, headers=[])
-                    connection.writer.write(protocol.send(continued) or b"")
+                chunks = self._began(protocol, connection, head, unparsed)
             elif isinstance(event, h11.Data):
                 body += event.data
                 if len(body) > self._limits.max_body_bytes:
@@ -391,8 +434,32 @@ class HttpServer:
             elif isinstance(event, h11.ConnectionClosed):
                 return None
 
-    def _check_head(self, head: h11.Request) -> None:
-        """Refuse a head over the limit, one that a proxy in front may frame differently, a body over the limit."""
+    def _began(
+        self, protocol: h11.Connection, connection: _Connection, head: h11.Request, unparsed: bytes
+    ) -> _ChunkSizes | None:
+        """Check a request's head (``unparsed``: the bytes it came in); what follows its chunk sizes if chunked."""
+        self._check_head(head, unparsed)
+        if protocol.they_are_waiting_for_100_continue:  # curl and others wait a second for this
+            continued = h11.InformationalResponse(status_code=100, headers=[])
+            connection.writer.write(protocol.send(continued) or b"")
+        if not any(name.lower() == b"transfer-encoding" for name, _ in head.headers):  # h11 takes only chunked
+            return None
+        chunks = _ChunkSizes(self._limits.max_body_bytes)
+        chunks.feed(protocol.trailing_data[0])  # what came with the head
+        return chunks
+
+    def _check_head(self, head: h11.Request, unparsed: bytes) -> None:
+        """Refuse another HTTP than 1.x, a head over the limit, one that a proxy in front may frame differently
+        (``unparsed``: the bytes it came in), a body over the limit."""
+        if not head.http_version.startswith(b"1."):
+            # h11 answers any version as 1.1 (an HTTP/2 client's preface got 200, then 400 for the rest); as Go's
+            # net/http does, 505 for all but 1.x, whose higher minor versions are served as 1.1 (RFC 9110 2.5).
+            raise h11.RemoteProtocolError("only HTTP versions 1.0 and 1.1 are served", error_status_hint=505)
+        end = _HEAD_END.search(unparsed)
+        if _FOLDED.search(unparsed, 0, end.start() if end else len(unparsed)):
+            # h11 joins a folded line to the one before; a proxy in front may not, and frame the request otherwise
+            # (a folded Transfer-Encoding). RFC 9112 5.2 allows either a 400 or the join: the 400 is the safe one.
+            raise h11.RemoteProtocolError("obsolete line folding (a header line that begins with a space or tab)")
         # h11 bounds only a head still arriving; one that came whole in a read is measured here.
         size = len(head.target) + sum(len(k) + len(v) + 4 for k, v in head.headers)
         if size > self._limits.max_header_bytes:
@@ -436,7 +503,7 @@ class HttpServer:
         deadline = self._loop.time() + self._limits.write_timeout_s
         pause = _ACK_POLL_S[0]
         try:
-            while _unacknowledged(sock.fileno()) > 0:
+            while _socket_count(sock.fileno(), _UNACKNOWLEDGED) > 0:
                 if connection.stalled_since is None:
                     connection.stalled_since = self._loop.time()  # evictable once this has lasted (see _admit)
                 if self._loop.time() + pause > deadline:
@@ -561,22 +628,68 @@ def _end(connection: _Connection) -> None:
         connection.task.cancel()
 
 
-def _unacknowledged(fd: int) -> int:
-    """Bytes written to socket ``fd`` and not yet acknowledged by its peer; 0 where that cannot be told."""
-    if _UNACKNOWLEDGED is None or fd < 0:  # -1: the socket closed meanwhile (the client went away)
+def _socket_count(fd: int, request: int) -> int:
+    """A count the kernel keeps for socket ``fd``: bytes received and unread (FIONREAD), or written and not yet
+    acknowledged by the peer (SIOCOUTQ); 0 where that cannot be told."""
+    if fd < 0:  # -1: the socket closed meanwhile (the client went away)
         return 0
     try:
-        return int(struct.unpack("i", fcntl.ioctl(fd, _UNACKNOWLEDGED, b"\0\0\0\0"))[0])
+        return int(struct.unpack("i", fcntl.ioctl(fd, request, b"\0\0\0\0"))[0])
     except OSError:
         return 0
 
 
+class _ChunkSizes:
+    """The chunk sizes a chunked body declares, read beside h11 (which does not tell them) from the bytes that
+    follow the head: a chunk larger than the body limit is refused when it is declared, not waited for until
+    the request deadline. h11 checks the framing itself; this only follows it."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._total = 0
+        self._left = 0  # bytes of the current chunk still to come, its closing CRLF included
+        self._line = bytearray()  # a chunk-size line not yet whole
+        self._done = False  # the last chunk came: what follows (trailers, the next request) is not ours
+
+    def feed(self, data: bytes) -> None:
+        at = 0
+        while at < len(data) and not self._done:
+            if self._left:
+                taken = min(self._left, len(data) - at)
+                self._left -= taken
+                at += taken
+                continue
+            end = data.find(b"\n", at)
+            if end < 0:
+                self._line += data[at : at + _READ_CHUNK]  # h11 refuses a line longer than the head limit
+                return
+            self._line += data[at:end]
+            at = end + 1
+            self._declared(bytes(self._line.split(b";", 1)[0].strip()))
+            self._line.clear()
+
+    def _declared(self, digits: bytes) -> None:
+        if len(digits) > _CHUNK_SIZE_DIGITS:
+            raise h11.RemoteProtocolError(f"chunk size of {len(digits)} hex digits", error_status_hint=400)
+        try:
+            size = int(digits, 16)
+        except ValueError:
+            return  # h11 refuses it
+        if size == 0:
+            self._done = True
+        self._total += size
+        if self._total > self._limit:
+            raise h11.RemoteProtocolError("request body too large", error_status_hint=413)
+        self._left = size + 2 if size else 0
+
+
 def _plain_error(status: int, message: str) -> bytes:
     """A whole error response, written without h11 (whose state is spent after a protocol error)."""
-    reasons = {400: "Bad Request", 413: "Content Too Large", 431: "Request Header Fields Too Large"}
+    # RFC 9110's name for 413; Python 3.11 still has "Request Entity Too Large".
+    reason = {413: "Content Too Large"}.get(status) or _REASONS.get(status, b"Error").decode("ascii")
     body = f"{message}\n".encode("utf-8", "replace")
     head = (
-        f"HTTP/1.1 {status} {reasons.get(status, 'Error')}\r\ncontent-type: text/plain; charset=utf-8\r\n"
+        f"HTTP/1.1 {status} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode("ascii") + body

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import gzip
 import http.client
@@ -426,5 +427,110 @@ def test_password_guessers_cannot_take_the_slots_of_probes_or_known_clients(slow
         assert len(checked) < 60 * 20  # the evicted guessers' checks were dropped, not all run
     finally:
         for sock in guessers:
+            sock.close()
+        running.stop()
+
+
+ODD_REQUESTS = {
+    "an HTTP/2.0 request line": (b"GET /big HTTP/2.0\r\nHost: x\r\n\r\n", b"HTTP/1.1 505 "),
+    "HTTP/2's prior-knowledge preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", b"HTTP/1.1 505 "),
+    "an HTTP/0.9 request line": (b"GET /big HTTP/0.9\r\nHost: x\r\n\r\n", b"HTTP/1.1 505 "),
+    "a folded header line": (b"GET /big HTTP/1.1\r\nHost: x\r\nX-A: a\r\n\tb\r\n\r\n", b"HTTP/1.1 400 "),
+    "a folded Transfer-Encoding": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.1 400 ",
+    ),
+    "a chunk size of 20 hex digits": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 20 + b"\r\nabc",
+        b"HTTP/1.1 400 ",
+    ),
+    "a chunk larger than the body limit": (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nffffffff\r\nabc",
+        b"HTTP/1.1 413 ",
+    ),
+}
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), ODD_REQUESTS.values(), ids=ODD_REQUESTS.keys())
+def test_odd_request_lines_and_framing_get_a_clear_4xx_or_505_at_once_and_the_connection_closed(
+    slow: Slow, caplog: pytest.LogCaptureFixture, request_bytes: bytes, status: bytes
+) -> None:
+    """Issue 34: h11 served HTTP/2.0 (and the HTTP/2 preface) as 1.1 on a kept-alive connection, joined folded
+    header lines that a proxy in front may read otherwise, and waited out the request deadline (10 s, no answer)
+    for a chunk declared 20 hex digits or 4 GiB long. Now 505 or 400/413 at once, then the connection closes."""
+    running = HttpServer("127.0.0.1", 0, slow, limits=HttpLimits(request_timeout_s=10))
+    running.start()
+    try:
+        began = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            answer = _raw(running, request_bytes, wait_s=5)
+        assert answer.startswith(status), answer[:200]
+        assert answer.count(b"HTTP/1.1 ") == 1  # nothing else answered: the rest is never read
+        assert b"connection: close" in answer.lower()
+        assert time.monotonic() - began < 2  # closed at once: _raw returns at the close, not after 5 s of silence
+        assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR], caplog.text
+    finally:
+        running.stop()
+
+
+def test_bare_lf_line_endings_higher_minor_versions_and_split_chunked_bodies_are_served(server: HttpServer) -> None:
+    """What RFC 9112 lets a server accept, and Go's net/http, nginx and h11 do: bare LF for CRLF in a head,
+    HTTP/1.2 served as 1.1, a chunked body in several chunks and reads (the chunk sizes followed beside h11)."""
+    lf = _raw(server, b"GET /big HTTP/1.1\nHost: x\nConnection: close\n\n")
+    assert lf.startswith(b"HTTP/1.1 200 OK\r\n"), lf[:100]
+    assert lf.endswith(BIG)
+    minor = _raw(server, b"GET / HTTP/1.2\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert minor.startswith(b"HTTP/1.1 200 OK\r\n"), minor[:100]
+    sock = connect(server)
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    for piece in (head + b"3;ext=1\r\nab", b"c\r\n0000000000000010\r", b"\n" + b"d" * 16 + b"\r\n0\r\n\r\n"):
+        sock.sendall(piece)
+        time.sleep(0.05)  # each piece its own read
+    sock.settimeout(5)
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
+    assert answer.endswith(b"abc" + b"d" * 16)
+
+
+def test_a_just_connected_scraper_is_not_evicted_by_a_flood_of_silent_connections(slow: Slow) -> None:
+    """Issue 34: with the slots full of silent connections, a scraper that connected and sent its request just
+    before a burst of new connections was evicted as soon as it became the oldest waiting one, before the
+    server had read its request (1 of 89 in a flood of 5,000). Now silent connections go first, the longest
+    waiting of them first. The burst is made to arrive at once by holding the event loop for a moment."""
+    held = threading.Event()
+
+    def quick(request: Request) -> bool | None:
+        if request.path == "/hold":  # runs on the event loop: nothing is accepted meanwhile
+            held.set()
+            time.sleep(0.5)
+        return True
+
+    gate = Gate(quick=quick, slow=lambda _: True, refused=lambda _: Response(status=401))
+    limits = HttpLimits(max_connections=16, workers=2, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits, gate=gate)
+    running.start()
+    silent = [connect(running) for _ in range(limits.max_connections - 1)]
+    try:
+        time.sleep(0.2)
+        holder = connect(running)
+        silent.append(holder)
+        holder.sendall(b"GET /hold HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert held.wait(5)
+        scraper = connect(running)  # accepted once the loop is free, ahead of the burst behind it
+        silent.append(scraper)
+        scraper.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        silent += [connect(running) for _ in range(2 * limits.max_connections)]
+        scraper.settimeout(5)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := scraper.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in silent:
             sock.close()
         running.stop()
