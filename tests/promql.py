@@ -86,7 +86,7 @@ def promtool(*args: str | Path, stdin: str | None = None) -> subprocess.Complete
         input=stdin,
         capture_output=True,
         text=True,
-        timeout=300,  # the drift tests replay two days of sweeps: about a minute on the 2-core machine
+        timeout=300,  # the longest replays (two days of sweeps) take 5-15 s on the 2-core machine, far longer loaded
         check=False,
         cwd=RULES.parent,
     )

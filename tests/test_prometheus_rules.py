@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import os
 import re
 import subprocess
@@ -36,6 +35,19 @@ def _unit_test_files() -> list[Path]:
     return sorted(RULE_TESTS.glob("*.yml"))
 
 
+# promtool unit-test files whose replay takes more than about 10 s alone on the 2-core machine: `slow`, so that
+# the fast loop (-m "not slow") goes without them; the full suite runs them. Most evaluate every 5m, as their
+# samples come, and take a few seconds.
+SLOW_UNIT_TESTS = frozenset({"setting_changes.yml"})
+
+
+def _unit_test_params() -> list[Any]:
+    return [
+        pytest.param(path, id=path.name, marks=[pytest.mark.slow] if path.name in SLOW_UNIT_TESTS else [])
+        for path in _unit_test_files()
+    ]
+
+
 def test_rules_file_passes_promtool_check() -> None:
     """`promtool check rules` accepts deploy/prometheus/rules.yml."""
     result = promtool("check", "rules", RULES)
@@ -44,20 +56,29 @@ def test_rules_file_passes_promtool_check() -> None:
 
 
 def test_there_are_rule_unit_tests() -> None:
-    """tests/prometheus holds the promtool unit tests of the rules (at least nine files)."""
+    """tests/prometheus holds the promtool unit tests of the rules (at least nine files), the slow ones among them."""
     assert len(_unit_test_files()) >= 9, "promtool unit tests missing from tests/prometheus"
+    assert SLOW_UNIT_TESTS - {path.name for path in _unit_test_files()} == set(), "slow files not in tests/prometheus"
 
 
-@functools.cache
-def _unit_test_runs() -> dict[Path, subprocess.CompletedProcess[str] | Exception]:
-    """promtool on every unit-test file, as many at once as there are cores (the largest first).
+@pytest.fixture(scope="session")
+def unit_test_runs(request: pytest.FixtureRequest) -> dict[Path, subprocess.CompletedProcess[str] | Exception]:
+    """promtool on every unit-test file this session selected, as many at once as there are cores (the largest
+    first): a file deselected (slow, -k) is not run.
 
     One promtool per file, so that each gets promtool's whole timeout and a failure names its file;
-    run side by side, since each is one single-threaded process and the window tests take most of a minute.
-    A run that raised (promtool missing, past its timeout) keeps its exception as that file's result, so
-    that the runs are still made once and each file's test fails with its own.
+    run side by side, since each is one single-threaded process. A run that raised (promtool missing, past
+    its timeout) keeps its exception as that file's result, so that the runs are still made once and each
+    file's test fails with its own.
     """
-    files = sorted(_unit_test_files(), key=lambda path: path.stat().st_size, reverse=True)
+    selected = {
+        item.callspec.params["path"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == test_rule_unit_tests_pass_underpromtool.__name__
+    }
+    files = sorted(
+        (path for path in _unit_test_files() if path in selected), key=lambda path: path.stat().st_size, reverse=True
+    )
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         runs = {path: pool.submit(promtool, "test", "rules", path) for path in files}
     return {path: _result(run) for path, run in runs.items()}
@@ -71,10 +92,12 @@ def _result(
     return error if isinstance(error, Exception) else run.result()
 
 
-@pytest.mark.parametrize("path", _unit_test_files(), ids=lambda path: path.name)
-def test_rule_unit_tests_pass_underpromtool(path: Path) -> None:
+@pytest.mark.parametrize("path", _unit_test_params())
+def test_rule_unit_tests_pass_underpromtool(
+    path: Path, unit_test_runs: dict[Path, subprocess.CompletedProcess[str] | Exception]
+) -> None:
     """`promtool test rules` passes the unit tests of each file in tests/prometheus."""
-    result = _unit_test_runs()[path]
+    result = unit_test_runs[path]
     if isinstance(result, Exception):
         raise result
     assert result.returncode == 0, result.stdout + result.stderr
