@@ -68,6 +68,7 @@ NVML_PANELS = {
     "GPU PCIe link while timed, against its maximum",
     "GPU temperature and power peaks while timed",
     f"{GPU_PROCESSES_PANEL} [A]",
+    "What a sweep costs the node [C]",  # the GPU memory of the worker's own process, as NVML lists it
 }
 
 

@@ -26,6 +26,8 @@ benchmark:
   sizes: [8, 64, 256]
   timeout: 2m
   timing: {size_budget: 300ms, block_time: 5ms, min_blocks: 3}
+# Not a test of the guard: a busy machine (one core kept busy by another program) must not withhold the CPU.
+guard: {cpu_max_other_cores: 64, host_max_slowdown: 100}
 """
 
 
