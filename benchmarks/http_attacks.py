@@ -27,7 +27,17 @@ during, and 5 s after, are recorded beside what the attack itself was answered.
     /healthz probes meanwhile;
 11. ``history_lock`` (issue 34 #4): with the history on, another process holds its SQLite file in an
     exclusive transaction for 20 s; the /metrics scraper and one of the landing page meanwhile (p50, p99,
-    failures), then whether the file was kept and what the log said.
+    failures), then whether the file was kept and what the log said;
+12. ``tls_handshakes`` (issue 34 #3): TLS on; 20 rounds of 600 connections that send the start of a ClientHello
+    and stall, while a TLS scraper and /healthz prober run; tracebacks logged, then how long SIGTERM takes
+    with 40 such handshakes pending;
+13. ``worker_garbage`` (issue 34 #7): a plugin backend (a module written into the scratch directory) that
+    writes JSON nested 200,000 deep on the worker's message channel, and one that writes 256 MiB to stderr
+    without a newline: how long until the sweep is recorded failed, and the daemon's peak RSS;
+14. ``hostile_answers`` (issue 34 #6): ``node-check --timeout 5s`` against a loopback server that drips a byte
+    a second, one that sends 600 MiB, and one that redirects to the dripper: wall time, the command's peak
+    RSS, its exit status and the length of its first output line; and ``--check drift`` against a Prometheus
+    with 100,000 alerts firing.
 
 ``--checkout DIR`` runs another checkout (a git worktree of an earlier commit) for the "before" figures::
 
@@ -42,8 +52,10 @@ import concurrent.futures
 import contextlib
 import errno
 import http.client
+import http.server
 import json
 import os
+import re
 import signal
 import socket
 import ssl
@@ -51,6 +63,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -62,9 +75,10 @@ from http_surface import REPO, Service, percentile, scratch_dir
 PASSWORD = b"bench"  # a benchmark's credential, hashed at run time
 
 
-def rss_mib(service: Service) -> float:
+def rss_mib(service: Service, field: str = "VmRSS") -> float:
+    """The service's resident memory now (``VmHWM``: its peak so far), MiB."""
     status = Path(f"/proc/{service.process.pid}/status").read_text().splitlines()
-    return int(next(line.split()[1] for line in status if line.startswith("VmRSS:"))) / 1024
+    return int(next(line.split()[1] for line in status if line.startswith(f"{field}:"))) / 1024
 
 
 class Scraper(threading.Thread):
@@ -122,10 +136,16 @@ class Scraper(threading.Thread):
 
 
 @contextlib.contextmanager
-def watched(service: Service, row: dict[str, Any], headers: dict[str, str] | None = None) -> Iterator[None]:
+def watched(
+    service: Service,
+    row: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    *,
+    tls: ssl.SSLContext | None = None,
+) -> Iterator[None]:
     """The scraper and the RSS around an attack, written into ``row``."""
     row["rss_before_mib"] = round(rss_mib(service), 1)
-    scraper = Scraper(service, headers)
+    scraper = Scraper(service, headers, tls=tls)
     scraper.start()
     try:
         yield
@@ -512,6 +532,356 @@ def _web_config(scratch: Path) -> Path:
     return web
 
 
+def _wait_answering(service: Service, path: str, context: ssl.SSLContext | None = None, timeout: float = 60) -> None:
+    """Until ``path`` answers at all (over TLS with ``context``): /readyz waits for a good sweep, which some
+    phases never let happen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if context is None:
+            connection = http.client.HTTPConnection("127.0.0.1", service.port, timeout=2)
+        else:
+            connection = http.client.HTTPSConnection("127.0.0.1", service.port, timeout=2, context=context)
+        try:
+            connection.request("GET", path)
+            connection.getresponse().read()
+        except OSError:
+            time.sleep(0.1)
+        else:
+            return
+        finally:
+            connection.close()
+    raise RuntimeError(f"no answer in {timeout}s: {service.log.read_text()[-2000:]}")
+
+
+# The start of a ClientHello: a handshake record announcing 512 bytes, of which only the first 43 ever come.
+_PARTIAL_HELLO = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03\x03" + bytes(32)
+
+
+def _stalled_handshakes(service: Service, count: int) -> tuple[list[socket.socket], int]:
+    """``count`` connections that send a partial ClientHello and stall; and how many could not be made."""
+    stalled, failed = [], 0
+    for _ in range(count):
+        try:
+            sock = socket.create_connection(("127.0.0.1", service.port), timeout=3)
+        except OSError:
+            failed += 1
+            if failed >= 20:  # the kernel's accept queue is full: each further try waits its timeout
+                break
+            continue
+        try:
+            sock.sendall(_PARTIAL_HELLO)
+        except OSError:  # evicted already
+            failed += 1
+            sock.close()
+        else:
+            stalled.append(sock)
+    return stalled, failed
+
+
+def tls_handshakes(
+    checkout: Path, scratch: Path, *, rounds: int = 20, each: int = 600, hold_s: float = 2, pending: int = 40
+) -> dict[str, Any]:
+    """Issue 34 #3: TLS on; rounds of ``each`` stalled handshakes, each round held ``hold_s`` then closed, while a
+    TLS scraper and /healthz prober run; then SIGTERM with ``pending`` handshakes stalled."""
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.crt",
+         "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+        cwd=scratch, check=True, capture_output=True,
+    )  # fmt: skip
+    web = scratch / "web.yml"
+    web.write_text("tls_server_config: {cert_file: server.crt, key_file: server.key}\n")
+    context = ssl.create_default_context(cafile=str(scratch / "server.crt"))
+    service = Service(checkout, scratch, extra=("--web.config.file", str(web)))
+    row: dict[str, Any] = {"rounds": rounds, "connections_each": each, "held_s": hold_s}
+    try:
+        _wait_answering(service, "/healthz", context)
+        time.sleep(3)  # the first sweep done
+        probe = Scraper(service, tls=context, path="/healthz")
+        with watched(service, row, tls=context):
+            probe.start()
+            began, failed, opened = time.monotonic(), 0, 0
+            for _ in range(rounds):
+                stalled, round_failed = _stalled_handshakes(service, each)
+                opened, failed = opened + len(stalled), failed + round_failed
+                time.sleep(hold_s)
+                row["rss_end_of_rounds_mib"] = [*row.get("rss_end_of_rounds_mib", []), round(rss_mib(service), 1)]
+                for sock in stalled:
+                    sock.close()
+            row["attack_s"] = round(time.monotonic() - began, 1)
+            row["service_peak_rss_mib"] = round(rss_mib(service, "VmHWM"), 1)
+            row["handshakes_stalled"], row["connections_failed"] = opened, failed
+            row["healthz_probes"] = probe.result()
+        log = service.log.read_text()
+        row["traceback_lines"] = log.count("Traceback")
+        row["unhandled_exception_lines"] = log.count("Unhandled exception")
+        row["log_kib"] = round(len(log.encode()) / 1024, 1)
+        stalled, _ = _stalled_handshakes(service, pending)
+        time.sleep(1)
+        row["pending_at_sigterm"] = len(stalled)
+        began = time.monotonic()
+        service.process.send_signal(signal.SIGTERM)
+        try:
+            service.process.wait(15)
+            row["sigterm_exit_s"] = round(time.monotonic() - began, 2)
+            row["exit_status"] = service.process.returncode
+        except subprocess.TimeoutExpired:
+            row["sigterm_exit_s"] = "not within 15 s (killed)"
+        for sock in stalled:
+            sock.close()
+        log = service.log.read_text()
+        row["task_destroyed_lines"] = log.count("Task was destroyed but it is pending")
+        row["tracebacks_in_log"] = log.count("Traceback")
+    finally:
+        service.stop()
+    return row
+
+
+# Plugin backends that write garbage (issue 34 #7), loaded by the real worker from the scratch directory. Each
+# starts as the fake curve does, and after DELAY seconds (the daemon's RSS measured before) misbehaves.
+_GARBAGE_PLUGIN = '''
+"""Plugin backends that write garbage: benchmarks/http_attacks.py's worker_garbage phase."""
+import fcntl, os, sys, time
+from pathlib import Path
+from tests.fakes import CurveBackend
+
+DELAY = 3
+
+
+def _begin(name):
+    time.sleep(DELAY)
+    Path(__file__).with_name(name + ".began").write_text(repr(time.time()))
+
+
+def _channel():
+    """The worker's message channel: the pipe it writes to other than stderr (fd 1 was pointed at stderr)."""
+    stderr = os.readlink("/proc/self/fd/2")
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            writes = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+        except OSError:
+            continue
+        if fd > 2 and link.startswith("pipe:") and link != stderr and writes:
+            return fd
+    raise RuntimeError("no message channel found")
+
+
+class Nested(CurveBackend):
+    """JSON nested 200,000 deep on the message channel, then a hang."""
+
+    def discover(self):
+        _begin("nested")
+        os.write(_channel(), b"[" * 200_000 + b"\\n")
+        time.sleep(3600)
+        return super().discover()
+
+
+class StderrFlood(CurveBackend):
+    """256 MiB on stderr without a newline, a last line, and the worker gone (exit 3)."""
+
+    def discover(self):
+        _begin("stderr_flood")
+        chunk = b"e" * (1 << 20)
+        for _ in range(256):
+            sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.write(b"\\nthe end\\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+
+nested = Nested
+stderr_flood = StderrFlood
+'''
+
+
+def _sweeps(service: Service) -> tuple[dict[str, float], float | None]:
+    """From /metrics: sweeps by result, and how long the latest took."""
+    try:
+        _, body = service.get("/metrics", timeout=5)
+    except OSError:
+        return {}, None
+    text = body.decode()
+    counts = {r: float(v) for r, v in re.findall(r'^matmul_sweeps_total\{result="(\w+)"\} (\S+)$', text, re.MULTILINE)}
+    duration = re.search(r"^matmul_sweep_duration_seconds (\S+)$", text, re.MULTILINE)
+    return counts, float(duration.group(1)) if duration else None
+
+
+def worker_garbage(checkout: Path, scratch: Path) -> dict[str, Any]:
+    """Issue 34 #7: a plugin that writes nested JSON on the message channel, one that floods stderr."""
+    (scratch / "garbage_worker.py").write_text(_GARBAGE_PLUGIN)
+    return {kind: _garbage_sweep(checkout, scratch, kind) for kind in ("nested", "stderr_flood")}
+
+
+def _garbage_sweep(checkout: Path, scratch: Path, kind: str, wait_s: float = 90) -> dict[str, Any]:
+    service = Service(checkout, scratch, backend=f"garbage_worker:{kind}", pythonpath=(scratch,), interval="1h")
+    row: dict[str, Any] = {"sweep_timeout_s": 30}  # http_surface.CONFIG's benchmark.timeout
+    began = scratch / f"{kind}.began"
+    try:
+        _wait_answering(service, "/healthz")
+        with watched(service, row):
+            deadline = time.monotonic() + wait_s
+            counts: dict[str, float] = {}
+            while time.monotonic() < deadline and not any(counts.values()):
+                time.sleep(0.1)
+                counts, duration = _sweeps(service)
+            ended = time.time()
+            row["sweeps"] = {result: count for result, count in counts.items() if count}
+            row["sweep_duration_s"] = duration
+            if began.exists():
+                row["garbage_to_sweep_ended_s"] = round(ended - float(began.read_text()), 2)
+            row["daemon_peak_rss_mib"] = round(rss_mib(service, "VmHWM"), 1)
+        log = service.log.read_text()
+        said = [line for line in log.splitlines() if "sweep failed" in line or "sweep finished" in line]
+        if said:
+            row["sweep_log_line_chars"] = len(said[0])
+            row["sweep_log_line"] = said[0][:400]
+        row["tracebacks_in_log"] = log.count("Traceback")
+    finally:
+        service.stop()
+    return row
+
+
+def _drip(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """Headers, then a byte a second for two minutes: every read is within any per-read timeout."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.end_headers()
+    for _ in range(120):
+        handler.wfile.write(b"#")
+        handler.wfile.flush()
+        time.sleep(1)
+
+
+def _flood(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """600 MiB of comment lines, as fast as the client reads."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.send_header("Content-Length", str(600 << 20))
+    handler.end_headers()
+    chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
+    for _ in range(600):
+        handler.wfile.write(chunk)
+
+
+def _redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", target)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    return answer
+
+
+@contextlib.contextmanager
+def _hostile(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iterator[str]:
+    """A loopback HTTP server whose every GET ``answer`` handles; its /metrics URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with contextlib.suppress(OSError):  # the client gave up: what a good client does
+                answer(self)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _good_metrics(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """A service's /metrics with one working GPU, swept a minute ago."""
+    body = (
+        'matmul_monitor_build_info{version="x"} 1\n'
+        'matmul_device_info{device="/GPU:0",kind="gpu"} 1\nmatmul_device_up{device="/GPU:0"} 1\n'
+        f"matmul_sweep_last_success_timestamp_seconds {time.time() - 60:.0f}\n"
+    ).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _many_alerts(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """Prometheus with 100,000 MatmulCrossoverDrift alerts firing for the node (and its build_info present)."""
+    if "ALERTS" in urllib.parse.unquote(handler.path):
+        result = [
+            {"metric": {"alertname": "MatmulCrossoverDrift", "gpu": f"/GPU:{i}", "mode": "compute"}, "value": [0, "1"]}
+            for i in range(100_000)
+        ]
+    else:
+        result = [{"metric": {"__name__": "matmul_monitor_build_info"}, "value": [0, "1"]}]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def hostile_answers(checkout: Path, _scratch: Path) -> dict[str, Any]:
+    """Issue 34 #6: node-check against a server that drips, one that floods, one that redirects to the dripper,
+    and a Prometheus with 100,000 alerts firing (``--check drift``, 20 s as in tests/test_nodecheck.py)."""
+    with _hostile(_drip) as drip, _hostile(_flood) as flood, _hostile(_redirect_to(drip)) as redirect:
+        row = {
+            name: _node_check(checkout, "--url", url, "--timeout", "5s")
+            for name, url in (("drip", drip), ("flood_600mib", flood), ("redirect_to_drip", redirect))
+        }
+    with _hostile(_good_metrics) as metrics, _hostile(_many_alerts) as prometheus:
+        row["prometheus_100k_alerts"] = _node_check(
+            checkout, "--url", metrics, "--check", "drift", "--prometheus.url", prometheus.removesuffix("/metrics"),
+            "--instance", "node-1:9437", "--timeout", "20s",
+        )  # fmt: skip
+    return row
+
+
+def _node_check(checkout: Path, *args: str, limit_s: float = 150) -> dict[str, Any]:
+    """``node-check ARGS``: wall time, peak RSS (the kernel's for that child), exit status, its first line of
+    output."""
+    package = "crossover_monitor" if (checkout / "crossover_monitor").is_dir() else "monitor"
+    began = time.monotonic()
+    process = subprocess.Popen(
+        [sys.executable, "-m", package, "node-check", *args],
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(checkout)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stderr is not None
+    outputs: dict[str, bytes] = {}
+    readers = [
+        threading.Thread(target=lambda n=name, s=stream: outputs.__setitem__(n, s.read()), daemon=True)
+        for name, stream in (("stdout", process.stdout), ("stderr", process.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    killer = threading.Timer(limit_s, process.kill)
+    killer.start()
+    _, status, usage = os.wait4(process.pid, 0)  # the child's own peak RSS, which Popen.wait does not give
+    wall = time.monotonic() - began
+    killer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join(10)
+    line = outputs.get("stdout", b"").split(b"\n", 1)[0].decode(errors="replace")
+    return {
+        "wall_s": round(wall, 2),
+        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+        "exit_status": process.returncode,
+        "first_line_chars": len(line),
+        "first_line": line[:300],
+        "stderr_bytes": len(outputs.get("stderr", b"")),
+    }
+
+
 PHASES: dict[str, tuple[Callable[[Service], dict[str, Any]], Callable[[Path], tuple[str, ...]]]] = {
     "signals": (signals, lambda _: ()),
     "passwords": (passwords, lambda scratch: ("--web.config.file", str(_web_config(scratch)))),
@@ -524,12 +894,19 @@ PHASES: dict[str, tuple[Callable[[Service], dict[str, Any]], Callable[[Path], tu
     "sweeps": (sweeps, lambda _: ("--web.enable-lifecycle",)),
     "history_lock": (history_lock, lambda _: ()),
 }
+# Phases that start their own service (or none), given the checkout and a scratch directory.
+STANDALONE: dict[str, Callable[[Path, Path], dict[str, Any]]] = {
+    "certbot": certbot,
+    "tls_handshakes": tls_handshakes,
+    "worker_garbage": worker_garbage,
+    "hostile_answers": hostile_answers,
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkout", type=Path, default=REPO)
-    parser.add_argument("--phases", default=",".join([*PHASES, "certbot"]))
+    parser.add_argument("--phases", default=",".join([*PHASES, *STANDALONE]))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     results: dict[str, Any] = {
@@ -542,11 +919,12 @@ def main() -> None:
         ).stdout.strip(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, Python {sys.version.split()[0]}",
+        "load_average_at_start": [round(load, 2) for load in os.getloadavg()],
     }
     for name in args.phases.split(","):
         with scratch_dir() as scratch:
-            if name == "certbot":
-                results[name] = certbot(args.checkout, scratch)
+            if name in STANDALONE:
+                results[name] = STANDALONE[name](args.checkout, scratch)
             else:
                 attack, extra = PHASES[name]
                 # One sweep at start, the next an hour later, where sweeps would hide the attack: the /metrics
@@ -561,6 +939,7 @@ def main() -> None:
                     results[name]["tracebacks_in_log"] = service.log.read_text().count("Traceback")
                 finally:
                     service.stop()
+        results[name]["load_average_after"] = [round(load, 2) for load in os.getloadavg()]
         print(name, json.dumps(results[name]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = """
 schedule: {{interval: {interval}}}
 benchmark:
-  backend: "tests.fakes:curve"
+  backend: "{backend}"
   sizes: [16, 32, 64, 128]
   timeout: 30s
   timing: {{size_budget: 200ms, block_time: 2ms, min_blocks: 3}}
@@ -71,11 +71,14 @@ class Service:
         history: bool = False,
         extra: tuple[str, ...] = (),
         interval: str = "3s",
+        backend: str = "tests.fakes:curve",
+        pythonpath: tuple[Path, ...] = (),
     ) -> None:
+        """``backend``: the plugin the worker loads (a benchmark's own from a directory in ``pythonpath``)."""
         self.port = free_port()
         self.config = scratch / "config.yaml"
         state = f"history: {{directory: {scratch / 'state'}}}" if history else ""
-        self.config.write_text(CONFIG.format(history=state, interval=interval))
+        self.config.write_text(CONFIG.format(history=state, interval=interval, backend=backend))
         self.log = scratch / f"service-{time.monotonic_ns()}.log"
         # Checkouts before the rename of 2026-12-06 (6e23130) named the package "monitor".
         package = "crossover_monitor" if (checkout / "crossover_monitor").is_dir() else "monitor"
@@ -84,10 +87,11 @@ class Service:
             "--listen", f"127.0.0.1:{self.port}", *extra,
         ]  # fmt: skip
         self.checkout = checkout
+        self.pythonpath = os.pathsep.join(map(str, (checkout, *pythonpath)))
         self.process = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PYTHONPATH": str(self.checkout)}
+        env = {**os.environ, "PYTHONPATH": self.pythonpath}
         with self.log.open("ab") as log:
             return subprocess.Popen(
                 self.command,
