@@ -72,6 +72,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from http_surface import REPO, Service, percentile, scratch_dir
 
+sys.path.insert(0, str(REPO))
+from tests import fakeserver
+
 PASSWORD = b"bench"  # a benchmark's credential, hashed at run time
 
 
@@ -741,58 +744,11 @@ def _garbage_sweep(checkout: Path, scratch: Path, kind: str, wait_s: float = 90)
     return row
 
 
-def _drip(handler: http.server.BaseHTTPRequestHandler) -> None:
-    """Headers, then a byte a second for two minutes: every read is within any per-read timeout."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain")
-    handler.end_headers()
-    for _ in range(120):
-        handler.wfile.write(b"#")
-        handler.wfile.flush()
-        time.sleep(1)
-
-
-def _flood(handler: http.server.BaseHTTPRequestHandler) -> None:
-    """600 MiB of comment lines, as fast as the client reads."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain")
-    handler.send_header("Content-Length", str(600 << 20))
-    handler.end_headers()
-    chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
-    for _ in range(600):
-        handler.wfile.write(chunk)
-
-
-def _redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
-    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
-        handler.send_response(302)
-        handler.send_header("Location", target)
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-
-    return answer
-
-
 @contextlib.contextmanager
 def _hostile(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    """A loopback HTTP server whose every GET ``answer`` handles; its /metrics URL."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            with contextlib.suppress(OSError):  # the client gave up: what a good client does
-                answer(self)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    """tests/fakeserver.py's loopback server, whose every GET ``answer`` handles; its /metrics URL."""
+    with fakeserver.server(answer) as base:
+        yield f"{base}/metrics"
 
 
 def _good_metrics(handler: http.server.BaseHTTPRequestHandler) -> None:
@@ -802,11 +758,7 @@ def _good_metrics(handler: http.server.BaseHTTPRequestHandler) -> None:
         'matmul_device_info{device="/GPU:0",kind="gpu"} 1\nmatmul_device_up{device="/GPU:0"} 1\n'
         f"matmul_sweep_last_success_timestamp_seconds {time.time() - 60:.0f}\n"
     ).encode()
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain")
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
+    fakeserver.reply(handler, body)
 
 
 def _many_alerts(handler: http.server.BaseHTTPRequestHandler) -> None:
@@ -819,17 +771,17 @@ def _many_alerts(handler: http.server.BaseHTTPRequestHandler) -> None:
     else:
         result = [{"metric": {"__name__": "matmul_monitor_build_info"}, "value": [0, "1"]}]
     body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-    handler.send_response(200)
-    handler.send_header("Content-Type", "application/json")
-    handler.send_header("Content-Length", str(len(body)))
-    handler.end_headers()
-    handler.wfile.write(body)
+    fakeserver.reply(handler, body, "application/json")
 
 
 def hostile_answers(checkout: Path, _scratch: Path) -> dict[str, Any]:
     """Issue 34 #6: node-check against a server that drips, one that floods, one that redirects to the dripper,
     and a Prometheus with 100,000 alerts firing (``--check drift``, 20 s as in tests/test_nodecheck.py)."""
-    with _hostile(_drip) as drip, _hostile(_flood) as flood, _hostile(_redirect_to(drip)) as redirect:
+    with (
+        _hostile(fakeserver.drip(120)) as drip,
+        _hostile(fakeserver.flood) as flood,
+        _hostile(fakeserver.redirect_to(drip)) as redirect,
+    ):
         row = {
             name: _node_check(checkout, "--url", url, "--timeout", "5s")
             for name, url in (("drip", drip), ("flood_600mib", flood), ("redirect_to_drip", redirect))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -48,3 +49,41 @@ def server(answer: Callable[[http.server.BaseHTTPRequestHandler], None]) -> Iter
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def drip(seconds: int) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
+    """Headers, then a byte a second for ``seconds``: every read is within any per-read timeout."""
+
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.end_headers()
+        for _ in range(seconds):
+            handler.wfile.write(b"#")
+            handler.wfile.flush()
+            time.sleep(1)
+
+    return answer
+
+
+def flood(handler: http.server.BaseHTTPRequestHandler) -> None:
+    """600 MiB of comment lines, as fast as the client reads."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/plain")
+    handler.send_header("Content-Length", str(600 << 20))
+    handler.end_headers()
+    chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
+    for _ in range(600):
+        handler.wfile.write(chunk)
+
+
+def redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
+    """A 302 to ``target``."""
+
+    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
+        handler.send_response(302)
+        handler.send_header("Location", target)
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    return answer

@@ -19,7 +19,7 @@ import pytest
 from crossover_monitor.cli import _parse
 from crossover_monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
 from tests.conftest import REPO, free_port
-from tests.fakeserver import reply, server, serving
+from tests.fakeserver import drip, flood, redirect_to, reply, server, serving
 from tests.service import RunningService, fake_config, started_services, stop_process, wait_until
 
 NPD_CONFIGS = sorted((REPO / "deploy" / "node-problem-detector").glob("*.json"))
@@ -162,51 +162,19 @@ def test_node_check_on_metrics_no_service_writes_says_unknown_in_plain_words(bod
     assert "\n" not in message
 
 
-def _drip(handler: http.server.BaseHTTPRequestHandler) -> None:
-    """Headers, then a byte a second for a minute: every read is within any per-read timeout."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain")
-    handler.end_headers()
-    for _ in range(60):
-        handler.wfile.write(b"#")
-        handler.wfile.flush()
-        time.sleep(1)
-
-
-def _flood(handler: http.server.BaseHTTPRequestHandler) -> None:
-    """600 MB of comment lines, as fast as the client reads."""
-    handler.send_response(200)
-    handler.send_header("Content-Type", "text/plain")
-    handler.send_header("Content-Length", str(600 << 20))
-    handler.end_headers()
-    chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
-    for _ in range(600):
-        handler.wfile.write(chunk)
-
-
-def _redirect_to(target: str) -> Callable[[http.server.BaseHTTPRequestHandler], None]:
-    def answer(handler: http.server.BaseHTTPRequestHandler) -> None:
-        handler.send_response(302)
-        handler.send_header("Location", target)
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-
-    return answer
-
-
 def test_node_check_against_a_server_that_drips_floods_or_redirects_stops_at_its_timeout() -> None:
     """Issue 34 #6: one deadline for the whole request and a cap on the body; exit 2 in one line."""
-    with server(_drip) as drip, server(_flood) as flood:
+    with server(drip(60)) as dripping, server(flood) as flooding:
         for url, said in (
-            (f"{drip}/metrics", "too slow: no whole answer within 2s"),
-            (f"{flood}/metrics", "too large: more than 16 MiB"),
+            (f"{dripping}/metrics", "too slow: no whole answer within 2s"),
+            (f"{flooding}/metrics", "too large: more than 16 MiB"),
         ):
             started = time.monotonic()
             status, message = node_check("--url", url, "--timeout", "2s")
             assert status == 2, message
             assert said in message
             assert time.monotonic() - started < 15  # a Python start, then the 2 s
-        with server(_redirect_to(f"{flood}/metrics")) as redirect:
+        with server(redirect_to(f"{flooding}/metrics")) as redirect:
             status, message = node_check("--url", f"{redirect}/metrics", "--timeout", "5s")
         assert status == 2
         assert "too large" in message
