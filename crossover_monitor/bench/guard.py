@@ -392,27 +392,22 @@ class Guard:
             return f"; no pod's allocation names {uuid} (a process outside the device plugin's, or MIG or index ids)"
         return f"; allocated to pod {', '.join(pods)}"
 
-    def _own_process(self, sample: GpuSample) -> GpuProcess | None:
-        """This worker's process among the GPU's, or None where it has none there.
+    def _own_candidates(self, sample: GpuSample) -> list[GpuProcess]:
+        """The processes that may be this worker's: the one with its PID or, where NVML's host PIDs are not in
+        its /proc (a container with its own PID namespace), every hidden one. Where it finds itself, every
+        other process is another program's, hidden or not (systemd's ProtectProc hides other users')."""
+        return [p for p in sample.processes if p.pid == self._own_pid] or [p for p in sample.processes if not p.visible]
 
-        NVML names processes by their host PID. In a container with its own PID namespace the
-        worker cannot find itself among them (their pids are not in its /proc): there the smallest
-        hidden process is taken to be the worker's own context. Where it finds itself, every other
-        process is another program's, hidden or not (systemd's ProtectProc hides other users').
-        """
-        mine = [p for p in sample.processes if p.pid == self._own_pid]
-        hidden = [p for p in sample.processes if not p.visible]
-        if mine:
-            return mine[0]
-        return min(hidden, key=lambda p: p.used_memory_bytes or 0) if hidden else None
+    def _own_process(self, sample: GpuSample) -> GpuProcess | None:
+        """This worker's process among the GPU's, or None where it has none there: of several hidden candidates,
+        the smallest is taken to be the worker's own context."""
+        return min(self._own_candidates(sample), key=lambda p: p.used_memory_bytes or 0, default=None)
 
     def _own_memory(self, sample: GpuSample) -> int | None:
-        """The GPU memory of this worker's process, where it is sure which that is: found by its PID, or the one
-        hidden process (in a PID namespace apart, another container's leftover could be the smallest of several)."""
-        mine = [p for p in sample.processes if p.pid == self._own_pid]
-        hidden = [p for p in sample.processes if not p.visible]
-        found = mine or (hidden if len(hidden) == 1 else [])
-        return found[0].used_memory_bytes if found else None
+        """The GPU memory of this worker's process where it is sure which that is: one candidate only (of
+        several hidden ones, another container's leftover could be the smallest)."""
+        candidates = self._own_candidates(sample)
+        return candidates[0].used_memory_bytes if len(candidates) == 1 else None
 
     def _other_processes(self, sample: GpuSample) -> list[GpuProcess]:
         """Processes of other programs: all but this worker's (``_own_process``). A job already on the GPU
