@@ -466,8 +466,9 @@ def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> 
     idle_gpu = next((w for w in idle.withheld if w.device == "/GPU:0"), None)
     if idle_gpu is not None:
         # Others' work kept this machine busy (a CI runner, a colleague's build): no idle control this time.
-        # Withheld for that is right; anything else is not. The test goes on to what it is about, and says so.
-        assert idle_gpu.reason is WithheldReason.CPU_CONTENDED, idle_gpu
+        # Withheld for that is right (its thread waited, or the host reference read slow); anything else is not.
+        # The test goes on to what it is about, and says so.
+        assert idle_gpu.reason in {WithheldReason.CPU_CONTENDED, WithheldReason.HOST_SLOWED}, idle_gpu
         warnings.warn(f"no idle control, the machine was busy: {idle_gpu.detail}", stacklevel=1)
     # Each in its own session, as other programs on a node are: the kernel shares CPU time between sessions
     # (autogroups) or services (cgroups) first, so spinners sharing the test's session would barely touch the worker.
