@@ -101,6 +101,8 @@ def trimmed(snapshot: Snapshot, wanted: BenchmarkSettings) -> Snapshot:
         crossovers=tuple(c for c in snapshot.crossovers if kept(c.gpu) and kept(c.cpu) and asked(c.mode, c.dtype)),
         costs=tuple(c for c in snapshot.costs if kept(c.device) and asked(c.mode, c.dtype)),
         hardware=tuple(h for h in snapshot.hardware if kept(h.device)),
-        withheld=tuple(w for w in snapshot.withheld if kept(w.device)),
+        withheld=tuple(
+            w for w in snapshot.withheld if kept(w.device) and (w.point is None or asked(w.point.mode, w.point.dtype))
+        ),
         devices=tuple(d for d in snapshot.devices if kept(d.device)),
     )

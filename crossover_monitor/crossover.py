@@ -25,6 +25,7 @@ from crossover_monitor.model import (
     DeviceInfo,
     Measurement,
     Mode,
+    PointKey,
     RecentCrossovers,
     Timing,
     gpu_cpu_pairs,
@@ -256,17 +257,24 @@ def _log_speedup(cpu_s: float, gpu_s: float) -> float:
 _Curves = Mapping[tuple[str, str, str, Mode], Mapping[int, Timing]]
 
 
-def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement]) -> tuple[Crossover, ...]:
+def crossovers(
+    devices: Iterable[DeviceInfo], measurements: Iterable[Measurement], withheld: Iterable[PointKey] = ()
+) -> tuple[Crossover, ...]:
     """One crossover per (GPU, CPU, dtype, mode) of each backend that has common sizes measured.
 
     A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
-    found but measured nothing gets no crossover (its ``matmul_device_up`` says why).
+    found but measured nothing gets no crossover (its ``matmul_device_up`` says why). ``withheld``: the
+    configured sizes whose points were withheld alone (the host slowed them); a pair whose state or n*
+    such a gap could have changed gets the WITHHELD state instead (``_gap_could_move``).
     """
     # The n=1 fixed-cost point was not asked for: it must not sway the state.
     curves = {
         (key.backend, key.device, key.dtype, key.mode): {n: m.timing for n, m in points.items()}
         for key, points in group_curves(measurements, roles=("sweep", "refine")).items()
     }
+    gaps: dict[tuple[str, str, str, str], set[int]] = {}
+    for point in withheld:
+        gaps.setdefault((point.backend, point.device, point.dtype, point.mode), set()).add(point.size)
     pairs = gpu_cpu_pairs(devices)
     found: list[Crossover] = []
     for backend, dtype, mode in sorted({(k[0], k[2], k[3]) for k in curves}):
@@ -276,6 +284,7 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
             paired = [
                 _pair(
                     curves,
+                    gaps,
                     Crossover(
                         backend=backend,
                         gpu=gpu.device,
@@ -297,14 +306,19 @@ def crossovers(devices: Iterable[DeviceInfo], measurements: Iterable[Measurement
     return tuple(found)
 
 
-def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
+def _pair(curves: _Curves, gaps: Mapping[tuple[str, str, str, str], set[int]], template: Crossover) -> Crossover | None:
     """The crossover for the pair named by ``template``, or None if they share no measured size."""
-    gpu = curves.get((template.backend, template.gpu, template.dtype, template.mode), {})
-    cpu = curves.get((template.backend, template.cpu, template.dtype, template.mode), {})
+    gpu_key = (template.backend, template.gpu, template.dtype, template.mode)
+    cpu_key = (template.backend, template.cpu, template.dtype, template.mode)
+    gpu, cpu = curves.get(gpu_key, {}), curves.get(cpu_key, {})
+    gap = gaps.get(gpu_key, set()) | gaps.get(cpu_key, set())
     common = sorted(set(gpu) & set(cpu))
-    if not common:
+    points = [speedup_point(n, cpu[n], gpu[n]) for n in common]
+    if gap and (not points or _gap_could_move(points, gap)):
+        return replace(template, state=CrossoverState.WITHHELD)
+    if not points:
         return None
-    found = locate([speedup_point(n, cpu[n], gpu[n]) for n in common])
+    found = locate(points)
     interval = found.interval
     return replace(
         template,
@@ -315,6 +329,31 @@ def _pair(curves: _Curves, template: Crossover) -> Crossover | None:
         ci_lower=interval[0] if interval else None,
         ci_upper=interval[1] if interval else None,
     )
+
+
+def _gap_could_move(points: Sequence[SpeedupPoint], gap: Iterable[int]) -> bool:
+    """Whether sizes missing from a curve could change its state or n*: one between two sizes with different
+    leads (the change of lead is inside it), one below the smallest size where the GPU already wins there
+    (it may lose below, or not), one above the largest where it still loses.
+
+    Elsewhere a point at the missing size would have the lead of both its neighbours (or of the one it
+    has, at an end where that lead is the curve's expected one), as the timings either side say.
+    """
+    ordered = sorted(points, key=lambda p: p.size)
+    for size in gap:
+        below = [p.median > 0 for p in ordered if p.size < size]
+        above = [p.median > 0 for p in ordered if p.size > size]
+        if not below and not above:
+            return True
+        if not below:
+            if above[0]:
+                return True
+        elif not above:
+            if not below[-1]:
+                return True
+        elif below[-1] != above[0]:
+            return True
+    return False
 
 
 def with_recent_moves(

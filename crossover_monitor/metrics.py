@@ -7,6 +7,7 @@ The collector reads one immutable ServiceState per scrape, so a scrape never see
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import platform
@@ -157,6 +158,12 @@ DEVICE_WITHHELD = _metric(
     "matmul_device_withheld",
     "1 if the device's timings of the latest sweep were withheld: other work was (or may have been) on it",
     (*DEVICE_LABELS, "reason"),
+)
+POINTS_WITHHELD = _metric(
+    "matmul_points_withheld",
+    "How many points of the device's latest sweep were withheld alone (the host ran slower while they were "
+    "timed); its other points are published",
+    (*DEVICE_LABELS, "dtype", "mode", "reason"),
 )
 DEVICE_MEASURED_AT = _metric(
     "matmul_device_measured_timestamp_seconds",
@@ -402,9 +409,17 @@ class StateCollector(Collector):
 
     def _guard_metrics(self, latest: Snapshot) -> Iterator[Metric]:
         withheld = _gauge(DEVICE_WITHHELD)
+        points: collections.Counter[tuple[str, ...]] = collections.Counter()
         for w in latest.withheld:
-            withheld.add_metric(_label_values(DEVICE_WITHHELD, w), 1)
+            if w.point is None:
+                withheld.add_metric(_label_values(DEVICE_WITHHELD, w), 1)
+            else:
+                points[tuple(_label_values(POINTS_WITHHELD, w, dtype=w.point.dtype, mode=w.point.mode))] += 1
         yield withheld
+        points_withheld = _gauge(POINTS_WITHHELD)
+        for labels, count in sorted(points.items()):
+            points_withheld.add_metric(list(labels), count)
+        yield points_withheld
         backends = {d.device: d.backend for d in latest.devices}
         measured_at = _gauge(DEVICE_MEASURED_AT)
         for device, when in latest.measured_at:

@@ -206,6 +206,16 @@ class PointKey:
     mode: Mode
     size: int
 
+    @property
+    def described(self) -> str:
+        """The point as messages name it: '512x512 float32 compute'."""
+        return describe_point(self.size, self.dtype, self.mode)
+
+
+def describe_point(size: int, dtype: str, mode: str) -> str:
+    """A point as messages name it: '512x512 float32 compute'."""
+    return f"{size}x{size} {dtype} {mode}"
+
 
 @dataclass(frozen=True, kw_only=True)
 class Timing:
@@ -388,12 +398,29 @@ RETRIED_REASONS = frozenset(
 
 @dataclass(frozen=True, kw_only=True)
 class Withheld:
-    """A device whose timings of one sweep were withheld because other work was (or may have been) on it."""
+    """A device (or one point on it) whose timings of one sweep were withheld because other work was (or may
+    have been) on it.
+
+    A point is withheld alone where only it was moved: the host ran slower while it was timed (``HOST_SLOWED``)
+    by more than the point's host share allows. Its device's other points are published, and a crossover
+    whose lead could have changed at the point is withheld (``crossover.crossovers``).
+    """
 
     backend: str
     device: str
     reason: WithheldReason
     detail: str  # what was seen, e.g. "2 other processes (pid 4711 python, pid 4712 ?); 87% utilisation"
+    point: PointKey | None = None  # None: the whole device
+
+    @property
+    def whole_device(self) -> bool:
+        """The device is withheld, not one point on it: it publishes none of this sweep's points."""
+        return self.point is None
+
+    @property
+    def subject(self) -> str:
+        """What was withheld, as messages name it: 'cpu', or 'cpu 512x512 float32 compute'."""
+        return self.device if self.point is None else f"{self.device} {self.point.described}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -466,7 +493,7 @@ class Snapshot:
     costs: tuple[CostModel, ...] = ()
     failures: tuple[DeviceFailure, ...] = ()
     environment: tuple[tuple[str, str], ...] = ()  # framework versions, TF32, threads, …
-    withheld: tuple[Withheld, ...] = ()  # devices this sweep did not publish, and why
+    withheld: tuple[Withheld, ...] = ()  # devices (or points) this sweep did not publish, and why
     hardware: tuple[HardwareContext, ...] = ()
     # When each device's served timings were taken: this sweep's end, or an earlier sweep's for a
     # device whose timings were carried over while it was withheld.
@@ -505,7 +532,13 @@ class Snapshot:
 
     @property
     def withheld_devices(self) -> frozenset[str]:
-        return frozenset(w.device for w in self.withheld)
+        """The devices withheld whole (not those that lost a point)."""
+        return frozenset(w.device for w in self.withheld if w.whole_device)
+
+    @property
+    def withheld_points(self) -> tuple[Withheld, ...]:
+        """The points withheld alone, their devices' other points published."""
+        return tuple(w for w in self.withheld if not w.whole_device)
 
     @property
     def failed_devices(self) -> frozenset[str]:
@@ -519,7 +552,7 @@ class Snapshot:
         whole = next((f for f in self.failures if f.device == device and f.whole_device), None)
         if whole is not None:
             return DeviceState.FAILED, whole.reason
-        withheld = next((w for w in self.withheld if w.device == device), None)
+        withheld = next((w for w in self.withheld if w.device == device and w.whole_device), None)
         if withheld is not None:
             return DeviceState.WITHHELD, withheld.reason.value
         if device in self.measured_devices:
@@ -533,7 +566,11 @@ class Snapshot:
         """The GPUs withheld for a reason that may pass (busy, yielded, contended), to be tried again."""
         kinds = {d.device: d.kind for d in self.devices}
         return tuple(
-            sorted(w.device for w in self.withheld if w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu")
+            sorted(
+                w.device
+                for w in self.withheld
+                if w.whole_device and w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu"
+            )
         )
 
 

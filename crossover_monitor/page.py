@@ -129,7 +129,7 @@ def _crossovers(state: ServiceState) -> list[str]:
     # Every withheld device with its reason, also where nothing could be compared: a sweep that measured
     # nothing says what it withheld and why, never only "none yet".
     withheld = [
-        f"<p class='withheld'>{_e(w.device)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
+        f"<p class='withheld'>{_e(w.subject)} withheld ({_e(w.reason.value)}): {_e(w.detail)}</p>"
         for w in latest.withheld
     ]
     if not latest.crossovers:

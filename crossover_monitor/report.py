@@ -130,7 +130,7 @@ def render_table(outcome: SweepOutcome) -> str:
     for f in snapshot.failures:
         lines.append(f"failed: {f.device}: {f.reason}")
     for w in snapshot.withheld:
-        lines.append(f"withheld: {w.device} ({w.reason.value}): {w.detail}")
+        lines.append(f"withheld: {w.subject} ({w.reason.value}): {w.detail}")
     lines += [f"hardware: {h.device}: {_hardware_line(h)}" for h in snapshot.hardware]
     return "\n".join(lines)
 

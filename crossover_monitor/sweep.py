@@ -33,6 +33,7 @@ from crossover_monitor.model import (
     SweepOutcome,
     SweepResult,
     Withheld,
+    WithheldReason,
     failed_devices,
     gpu_cpu_pairs,
 )
@@ -254,7 +255,7 @@ def _collect(
 
 def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
     """The explicit WITHHELD state for every GPU–CPU pair of which one side was withheld."""
-    withheld = {w.device for w in collected.withheld}
+    withheld = {w.device for w in collected.withheld if w.whole_device}
     failed = failed_devices(collected.failures)
     working = [d for d in collected.devices if d.device not in failed]
     return [
@@ -308,12 +309,18 @@ def run_sweep(
         worker.stop()
     # A device that failed part-way through keeps none of its points: a truncated curve would
     # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
-    # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point.
+    # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point. A
+    # point withheld alone was never sent; the crossovers it could have moved are withheld.
     device_failures = [f for f in collected.failures if f.whole_device]
-    left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld}
+    left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld if w.whole_device}
     measurements = [m for m in collected.measurements if m.key.device not in left_out]
+    set_aside = [
+        w.point
+        for w in collected.withheld
+        if w.point is not None and w.device not in left_out and w.point.size in plan.bench.sizes
+    ]
     finished = clock()
-    derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements)]
+    derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements, set_aside)]
     snapshot = Snapshot(
         started_at=started,
         finished_at=finished,
@@ -340,10 +347,24 @@ def _result(
         return SweepResult.FAILED, "; ".join(f"{f.device}: {f.reason}" for f in device_failures)
     if not measurements and not withheld:
         return SweepResult.FAILED, "no device produced a measurement"
-    why = "; ".join(f"{w.device} withheld ({w.reason.value}): {w.detail}" for w in withheld)
     if not withheld:
         return SweepResult.SUCCESS, ""
+    why = "; ".join(_withheld_reasons(withheld))
     if not measurements:
         return SweepResult.WITHHELD, f"nothing measured: {why}"
     measured = ", ".join(sorted({m.key.device for m in measurements}))
     return SweepResult.PARTIAL, f"measured {measured}; {why}"
+
+
+def _withheld_reasons(withheld: list[Withheld]) -> list[str]:
+    """One reason per withheld device; a device's withheld points in one, with the first point's detail."""
+    whole = [f"{w.device} withheld ({w.reason.value}): {w.detail}" for w in withheld if w.whole_device]
+    points: dict[tuple[str, WithheldReason], list[Withheld]] = {}
+    for w in withheld:
+        if w.point is not None and not any(w.device == d.device for d in withheld if d.whole_device):
+            points.setdefault((w.device, w.reason), []).append(w)
+    for (device, reason), lost in points.items():
+        named = ", ".join(w.point.described for w in lost if w.point is not None)
+        first = lost[0].detail
+        whole.append(f"{device}: {len(lost)} point(s) withheld ({reason.value}: {named}), the first as {first}")
+    return whole

@@ -74,6 +74,23 @@ class CountingBackend(CurveBackend):
         return counted
 
 
+class SlowedWhileTiming(CountingBackend):
+    """The known curves, with a host reference that reads twice its idle figure while the ``slowed`` points
+    (device, size) are timed: a neighbour that slowed the host for those points only."""
+
+    def __init__(self, slowed: set[tuple[str, int]]) -> None:
+        super().__init__(BackendOptions(tf32=False, cpu_threads=1))
+        self.slowed = slowed
+        self.current: tuple[str, int] | None = None
+
+    def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
+        self.current = (device.device, size)
+        return super().prepare(device, size, dtype, mode)
+
+    def reference(self) -> float:
+        return 2e-3 if self.current in self.slowed else 1e-3
+
+
 class FakeHost:
     """Other processes' load and the worker's own wait for a CPU, per timed window, from lists (the last repeats)."""
 
@@ -166,9 +183,9 @@ def timed_on(messages: list[Message], device: str) -> list[Measurement]:
 class ThreadWorker:
     """The real runner on a thread, behind the Worker protocol the sweep reads."""
 
-    def __init__(self, plan: Plan, guard: Guard) -> None:
+    def __init__(self, plan: Plan, guard: Guard, backend: CountingBackend | None = None) -> None:
         self._messages: queue.Queue[Message | EndOfStream] = queue.Queue()
-        backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+        backend = backend or CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
 
         def work() -> None:
             from crossover_monitor.protocol import Done  # noqa: PLC0415

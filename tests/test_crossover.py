@@ -23,6 +23,7 @@ from crossover_monitor.model import (
     DeviceInfo,
     Measurement,
     Mode,
+    PointKey,
     RecentCrossovers,
 )
 from tests import builders
@@ -142,6 +143,53 @@ def test_gpu_that_measured_nothing_gives_no_crossover() -> None:
     """A GPU that failed before any measurement leaves no crossover, not a made-up state."""
     measurements = [_measurement("/CPU:0", n, 1.0) for n in (1, 2)]
     assert crossovers([CPU, GPU0], measurements) == ()
+
+
+def _gapped(cpu_s: dict[int, float], gpu_s: dict[int, float], gap: tuple[str, int]) -> Crossover:
+    """The one crossover of a CPU and a GPU measured at the sizes given, ``gap`` (device, size) withheld alone."""
+    measurements = [_measurement("/CPU:0", n, t) for n, t in cpu_s.items() if ("/CPU:0", n) != gap]
+    measurements += [_measurement("/GPU:0", n, t) for n, t in gpu_s.items() if ("/GPU:0", n) != gap]
+    device, size = gap
+    withheld = [PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)]
+    (found,) = crossovers([CPU, GPU0], measurements, withheld)
+    return found
+
+
+@pytest.mark.parametrize(
+    ("gap", "state"),
+    [
+        (("/GPU:0", 16), CrossoverState.FOUND),  # below 32, where the CPU already wins
+        (("/CPU:0", 32), CrossoverState.FOUND),  # between 16 and 64, both won by the CPU: the bracket stays 64-128
+        (("/GPU:0", 64), CrossoverState.WITHHELD),  # the CPU wins at 32, the GPU at 128: the change may be at 64
+        (("/CPU:0", 128), CrossoverState.WITHHELD),  # 64 (CPU) and 256 (GPU) either side
+        (("/GPU:0", 512), CrossoverState.FOUND),  # above 256, where the GPU already wins
+    ],
+)
+def test_a_gap_withholds_the_crossover_only_where_a_point_there_could_move_it(
+    gap: tuple[str, int], state: CrossoverState
+) -> None:
+    """The CPU wins up to 64, the GPU from 128: a size withheld alone (the host slowed it) withholds the
+    crossover where the lead changes across it, and nowhere else."""
+    sizes = (16, 32, 64, 128, 256, 512)
+    cpu = {n: n**3 * 1e-9 for n in sizes}
+    gpu = {n: 1e-3 + n**3 * 1e-11 for n in sizes}
+    found = _gapped(cpu, gpu, gap)
+    assert found.state is state
+    if state is CrossoverState.FOUND:
+        assert (found.lower, found.upper) == (64, 128)
+
+
+def test_a_gap_at_an_end_withholds_a_state_it_could_change() -> None:
+    """The GPU wins at every size measured: a withheld smallest size could have been a CPU win (a crossover),
+    so the state is withheld; where the CPU wins everywhere, a withheld largest size likewise."""
+    sizes = (16, 32, 64)
+    always = _gapped(dict.fromkeys(sizes, 1.0), dict.fromkeys(sizes, 0.5), ("/GPU:0", 16))
+    assert always.state is CrossoverState.WITHHELD
+    never = _gapped(dict.fromkeys(sizes, 0.5), dict.fromkeys(sizes, 1.0), ("/CPU:0", 64))
+    assert never.state is CrossoverState.WITHHELD
+    assert _gapped(dict.fromkeys(sizes, 0.5), dict.fromkeys(sizes, 1.0), ("/CPU:0", 16)).state is (
+        CrossoverState.GPU_NEVER_FASTER
+    )
 
 
 def test_find_crossover_needs_points() -> None:

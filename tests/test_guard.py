@@ -39,6 +39,7 @@ from crossover_monitor.model import (
     WORK_STEALING,
     CrossoverState,
     DeviceInfo,
+    DeviceState,
     HardwareContext,
     HostReference,
     Measurement,
@@ -46,7 +47,7 @@ from crossover_monitor.model import (
     SweepResult,
     WithheldReason,
 )
-from crossover_monitor.protocol import Environment, Message
+from crossover_monitor.protocol import Environment, Message, Plan
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.sweep import run_sweep
 from tests.conftest import make_plan
@@ -58,6 +59,8 @@ from tests.guardfakes import (
     FailingSampler,
     FakeHost,
     FakeSampler,
+    SlowedWhileTiming,
+    ThreadWorker,
     fake_guard,
     run_guarded,
     sweep_with,
@@ -463,7 +466,7 @@ def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> 
 
     idle = sweep().snapshot
     assert idle is not None
-    idle_gpu = next((w for w in idle.withheld if w.device == "/GPU:0"), None)
+    idle_gpu = next((w for w in idle.withheld if w.device == "/GPU:0" and w.whole_device), None)
     if idle_gpu is not None:
         # Others' work kept this machine busy (a CI runner, a colleague's build): no idle control this time.
         # Withheld for that is right (its thread waited, or the host reference read slow); anything else is not.
@@ -485,7 +488,7 @@ def test_gpu_point_starved_of_cpus_by_other_processes_is_withheld_for_real() -> 
             spinner.kill()
             spinner.wait()
     assert busy is not None
-    (gpu,) = [w for w in busy.withheld if w.device == "/GPU:0"]
+    (gpu,) = [w for w in busy.withheld if w.device == "/GPU:0" and w.whole_device]
     assert gpu.reason is WithheldReason.CPU_CONTENDED
     assert "waited for a CPU" in gpu.detail
     assert not [m for m in busy.measurements if m.key.device == "/GPU:0"]
@@ -543,13 +546,15 @@ def test_cpu_timed_beside_a_spinning_process_is_right_or_withheld(tmp_path: Path
     finally:
         spinner.kill()
         spinner.wait()
-    withheld = [w for w in busy["withheld"] if w["device"] == "cpu"]
+    withheld = [w for w in busy["withheld"] if w["device"] == "cpu" and w["point"] is None]
+    slowed = {w["point"]["size"] for w in busy["withheld"] if w["device"] == "cpu" and w["point"] is not None}
     if not idle:  # a machine too busy for an idle baseline (a loaded CI runner): with more load, still withheld
-        assert withheld, "the guard withheld three sweeps without the spinner, and published one beside it"
+        assert withheld or slowed, "the guard withheld three sweeps without the spinner, and published one beside it"
     if withheld:
-        assert withheld[0]["reason"] in {"cpu_contended", "host_slowed"}
+        assert withheld[0]["reason"] == "cpu_contended"
         assert not medians(busy)
         return
+    assert not slowed & set(medians(busy)), "a point withheld alone was published"
     for size, seconds in medians(busy).items():
         assert abs(seconds / idle[size] - 1) <= 0.10, (size, seconds, idle[size])
     assert os.cpu_count()
@@ -712,6 +717,67 @@ def test_a_sweep_on_a_host_slowed_from_its_middle_withholds_what_was_slowed_and_
             environment |= message.values
     assert float(environment[HOST_REFERENCE]) == pytest.approx(2e-3)  # most of its readings were slowed
     assert float(environment[HOST_REFERENCE_SPREAD]) >= 0
+
+
+def _slowed_sweep(slowed: set[tuple[str, int]], plan: Plan | None = None) -> SweepOutcome:
+    """A sweep of the known curves (compute; the GPU wins from n = 64) whose host ran 2x slower while the
+    ``slowed`` points were timed."""
+    backend = SlowedWhileTiming(slowed)
+    guard = fake_guard(
+        FakeSampler(lambda _: IDLE), FakeHost([0.0]), reference=backend.reference, baseline=IDLE_REFERENCE
+    )
+    plan = plan or make_plan("tests.fakes:curve", modes=("compute",))
+    return run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard, backend))
+
+
+def test_a_point_the_slowed_host_moved_is_withheld_alone_and_its_device_goes_on() -> None:
+    """The host slowed while the GPU's n = 128 point was timed: that point is withheld (timed twice) and named,
+    the GPU's other points are published, the device stays measured (not withheld, not retried), and the
+    crossover, which the gap at the end cannot move (the GPU already wins at 64), stands."""
+    outcome = _slowed_sweep({("/GPU:0", 128)})
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    (point,) = snapshot.withheld
+    assert point.point is not None
+    assert (point.point.device, point.point.size) == ("/GPU:0", 128)
+    assert point.reason is WithheldReason.HOST_SLOWED
+    assert "the host ran 2.00x slower" in point.detail
+    assert point.detail.endswith("(timed twice)")
+    gpu_sizes = {m.key.size for m in snapshot.measurements if m.key.device == "/GPU:0" and m.role == "sweep"}
+    assert gpu_sizes == {16, 32, 64}
+    assert snapshot.withheld_devices == frozenset()
+    assert snapshot.device_state("/GPU:0")[0] is DeviceState.MEASURED
+    assert snapshot.gpus_to_retry == ()
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.FOUND
+    assert crossover.lower == 32
+    assert crossover.upper == 64
+    assert outcome.result is SweepResult.PARTIAL
+    assert "/GPU:0: 1 point(s) withheld (host_slowed: 128x128 float32 compute)" in outcome.reason
+
+
+def test_a_gap_where_the_lead_changes_withholds_the_crossover_not_the_curve() -> None:
+    """Slowed over the CPU's n = 64 point, inside the change of lead (the CPU wins at 32, the GPU at 64 and
+    up): the crossover is withheld, never derived across the gap, and every other point is published."""
+    outcome = _slowed_sweep({("/CPU:0", 64)})
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert [w.subject for w in snapshot.withheld] == ["/CPU:0 64x64 float32 compute"]
+    cpu_sizes = {m.key.size for m in snapshot.measurements if m.key.device == "/CPU:0" and m.role == "sweep"}
+    assert cpu_sizes == {16, 32, 128}
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.WITHHELD
+
+
+def test_the_fixed_cost_point_withheld_alone_moves_no_crossover() -> None:
+    """The n = 1 fixed-cost point (not a configured size) slowed on the GPU: withheld and named, and the
+    crossover of the configured sizes stands."""
+    outcome = _slowed_sweep({("/GPU:0", 1)})
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert [w.subject for w in snapshot.withheld] == ["/GPU:0 1x1 float32 compute"]
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.FOUND
 
 
 def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded() -> None:

@@ -13,6 +13,7 @@ from crossover_monitor.model import (
     DeviceInfo,
     HardwareContext,
     Measurement,
+    PointKey,
     Role,
     Snapshot,
     SweepOutcome,
@@ -166,7 +167,16 @@ def test_exposed_names_cover_every_family_rendered() -> None:
         snapshot,
         devices=(*snapshot.devices, busy),
         crossovers=tuple(dataclasses.replace(c, derived_at=100) for c in snapshot.crossovers),
-        withheld=(Withheld(backend="tensorflow", device="/GPU:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),),
+        withheld=(
+            Withheld(backend="tensorflow", device="/GPU:1", reason=WithheldReason.GPU_BUSY, detail="pid 7"),
+            Withheld(
+                backend="tensorflow",
+                device="/GPU:0",
+                reason=WithheldReason.HOST_SLOWED,
+                detail="the host ran 1.3x slower",
+                point=PointKey(backend="tensorflow", device="/GPU:0", dtype="float32", mode="compute", size=64),
+            ),
+        ),
         environment=(*snapshot.environment, ("worker_cpu_s", "61.5"), ("worker_peak_rss_bytes", "1932735283")),
         hardware=(
             HardwareContext(
@@ -227,6 +237,38 @@ def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_o
     )
     store.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=190, finished_at=200, snapshot=busy))
     assert _registry(store).get_sample_value("matmul_device_up", gpu) == 1
+
+
+def test_points_withheld_alone_are_counted_and_leave_their_device_measured() -> None:
+    """Two points of the GPU withheld alone (host_slowed): counted per dtype, mode and reason; the device is
+    up, not withheld, and its other points' series stay."""
+    snapshot = _snapshot(100)
+    slowed = tuple(
+        Withheld(
+            backend="tensorflow",
+            device="/GPU:0",
+            reason=WithheldReason.HOST_SLOWED,
+            detail="the host ran 1.4x slower",
+            point=builders.point_key("/GPU:0", size, backend="tensorflow"),
+        )
+        for size in (16, 32)
+    )
+    store = StateStore()
+    store.record(
+        SweepOutcome(
+            result=SweepResult.PARTIAL,
+            started_at=90,
+            finished_at=100,
+            snapshot=dataclasses.replace(snapshot, withheld=slowed),
+        )
+    )
+    registry = _registry(store)
+    gpu = {"backend": "tensorflow", "device": "/GPU:0"}
+    labels = gpu | {"dtype": "float32", "mode": "compute", "reason": "host_slowed"}
+    assert registry.get_sample_value("matmul_points_withheld", labels) == 2
+    assert registry.get_sample_value("matmul_device_withheld", gpu | {"reason": "host_slowed"}) is None
+    assert registry.get_sample_value("matmul_device_up", gpu) == 1
+    assert registry.get_sample_value("matmul_duration_seconds", POINT) is not None
 
 
 def test_metrics_reference_lists_exactly_the_metric_table() -> None:

@@ -24,6 +24,7 @@ from crossover_monitor.model import (
     WithheldReason,
 )
 from crossover_monitor.settings import Settings
+from tests import builders
 from tests.builders import FULL_SNAPSHOT
 from tests.conftest import tool
 from tests.service import RunningService, fake_config, http_get, started_server, wait_until
@@ -157,6 +158,11 @@ def test_every_withheld_device_is_named_with_its_reason_also_where_no_crossover_
     rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
     assert "<p>None yet.</p>" in rendered
     assert "<p class='withheld'>/CPU:0 withheld (cpu_contended): other processes used &lt;1.2&gt; cores</p>" in rendered
+    point = builders.point_key("/GPU:0", 64, backend="fake")
+    slowed = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=point)
+    latest = dataclasses.replace(FULL_SNAPSHOT, withheld=(slowed,))
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
+    assert "<p class='withheld'>/GPU:0 64x64 float32 compute withheld (host_slowed): 1.4x</p>" in rendered
 
 
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:

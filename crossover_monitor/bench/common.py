@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from crossover_monitor.bench.hostinfo import cpu_model
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
-from crossover_monitor.model import FORK_JOIN, THREAD_POOL, DeviceInfo, Mode
+from crossover_monitor.model import FORK_JOIN, THREAD_POOL, DeviceInfo, Mode, describe_point
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ def cpu_device(backend: str, name: str, threads: int, *, thread_pool: str = FORK
 
 def describe(size: int, dtype: str, mode: Mode) -> str:
     """The point as error messages name it: '512x512 float32 compute'."""
-    return f"{size}x{size} {dtype} {mode}"
+    return describe_point(size, dtype, mode)
 
 
 def host_operands(size: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:

@@ -82,6 +82,15 @@ def select_devices(
     return chosen
 
 
+class _PointSetAside(Exception):
+    """The host ran slower while a point was timed, by more than the point's host share allows: this point
+    is withheld, and its device goes on (the next points are judged on their own)."""
+
+    def __init__(self, verdict: Withheld) -> None:
+        super().__init__(verdict.detail)
+        self.verdict = verdict
+
+
 @dataclass
 class _Session:
     """One sweep inside the worker: what was measured so far and which devices failed."""
@@ -170,6 +179,12 @@ class _Session:
         self.emit(Started(key=key, role=role))
         try:
             return self._guarded(device, size, dtype, mode, settings=settings, calls=calls)
+        except _PointSetAside as aside:
+            # Only a point that has no figure yet is withheld: a refinement's visit is taken back, its point's
+            # earlier visits stand; a size refinement added is left unrefined (it is no configured series).
+            if key not in self.timings and role != "refine":
+                self.emit(aside.verdict)
+            return None
         except MeasurementFailed as exc:
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), point=key))
             return None
@@ -186,7 +201,8 @@ class _Session:
     def _guarded(
         self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
     ) -> Timing | None:
-        """Time one point under the interference guard; None (and the device withheld) if it was disturbed."""
+        """Time one point under the interference guard; None (and the device withheld) if it was disturbed;
+        raises ``_PointSetAside`` where only this point was moved (the host ran slower while it was timed)."""
         if device.kind == "gpu":
             # Looked at before anything is allocated on it: a busy GPU gets no operands either.
             verdict = self.guard.before_gpu_point(device)
@@ -225,6 +241,8 @@ class _Session:
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
             )
             timing = timings[-1]
+        if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED:
+            raise _PointSetAside(dataclasses.replace(verdict, point=self.key(device, size, dtype, mode)))
         if verdict is not None:
             self.withhold(verdict)
             return None
