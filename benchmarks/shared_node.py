@@ -167,7 +167,11 @@ def sweep(
     result["crossovers"] = [
         {"gpu": c.gpu, "mode": c.mode, "state": c.state.value, "size": c.size} for c in snapshot.crossovers
     ]
-    result["withheld"] = [{"device": w.device, "reason": w.reason.value, "detail": w.detail} for w in snapshot.withheld]
+    result["withheld"] = [
+        {"device": w.device, "reason": w.reason.value, "detail": w.detail}
+        | ({} if w.point is None else {"point": f"{kinds[w.device]} {w.point.mode} {w.point.size}"})
+        for w in snapshot.withheld
+    ]
     result["hardware"] = [{k: v for k, v in vars(h).items() if v not in (None, ())} for h in snapshot.hardware]
     result["environment"] = dict(snapshot.environment)
     return result
@@ -475,7 +479,9 @@ def cotenant_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     report: dict[str, Any] = {
         "idle_sweeps": len(idle),
         "idle_with_anything_withheld": sum(1 for s in idle if s.get("withheld")),
-        "idle_withheld": [s.get("withheld") for s in idle if s.get("withheld")],
+        "idle_with_a_device_withheld": sum(1 for s in idle if any("point" not in w for w in s.get("withheld", []))),
+        # Points withheld alone (issue 32): how many per idle sweep, and which.
+        "idle_points_withheld": [[w["point"] for w in s.get("withheld", []) if "point" in w] for s in idle],
         "shapes": [],
     }
     for row in rows:
@@ -503,11 +509,17 @@ def cotenant_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_cotenant_report(report: dict[str, Any]) -> None:
-    print(f"idle sweeps: {report['idle_sweeps']}, with anything withheld: {report['idle_with_anything_withheld']}")
-    for withheld in report["idle_withheld"]:
-        print(f"  idle withheld: {withheld}")
+    print(
+        f"idle sweeps: {report['idle_sweeps']}, with anything withheld: {report['idle_with_anything_withheld']}, "
+        f"with a device withheld: {report.get('idle_with_a_device_withheld')}"
+    )
+    for points in report.get("idle_points_withheld", []):
+        print(f"  idle sweep's points withheld alone: {points or 'none'}")
     for shape in report["shapes"]:
-        withheld = "; ".join(f"{w['device']} {w['reason']}: {w['detail']}" for w in shape["withheld"]) or "nothing"
+        withheld = (
+            "; ".join(f"{w.get('point', w['device'])} {w['reason']}: {w['detail']}" for w in shape["withheld"])
+            or "nothing"
+        )
         print(f"{shape['shape']}: {shape['result']}, {shape['published']} points published, withheld {withheld}")
         print(f"  outside the idle range +-10%: {shape['outside'] or 'none'}")
 

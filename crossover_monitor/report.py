@@ -23,6 +23,7 @@ from crossover_monitor.model import (
     PointKey,
     Snapshot,
     SweepOutcome,
+    Withheld,
     curves,
     gpu_cpu_pairs,
     speedup,
@@ -245,6 +246,8 @@ class Progress:
             self._devices += 1
         elif isinstance(message, Measurement) and message.role != "refine":
             self._done.add(message.key)
+        elif isinstance(message, Withheld) and message.point is not None:  # timed, then withheld alone
+            self._done.add(message.point)
         elif isinstance(message, Started):
             k = message.key
             where = "refining" if message.role == "refine" else f"{len(self._done)}/{self._devices * self._per_device}"

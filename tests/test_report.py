@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 
 from crossover_monitor.model import (
@@ -12,9 +13,13 @@ from crossover_monitor.model import (
     HardwareContext,
     SweepOutcome,
     SweepResult,
+    Withheld,
+    WithheldReason,
 )
-from crossover_monitor.report import read_json, render_json, render_table
-from tests.builders import measurement, snapshot
+from crossover_monitor.protocol import Started
+from crossover_monitor.report import Progress, read_json, render_json, render_table
+from tests.builders import measurement, point_key, snapshot
+from tests.conftest import make_plan
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
 GPU = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
@@ -69,3 +74,15 @@ def test_the_cost_line_names_the_gpu_memory_the_worker_held_on_each_gpu() -> Non
     )
     table = render_table(SweepOutcome(result=SweepResult.SUCCESS, started_at=0.0, finished_at=1.0, snapshot=served))
     assert "what the sweep cost: 12.5 CPU seconds, peak memory 1.00 GiB, 1.50 GiB on /GPU:0 (its worker)" in table
+
+
+def test_progress_counts_a_point_withheld_alone_as_done() -> None:
+    """A point timed and then withheld alone (the host slowed it) counts towards the total, as a measured one."""
+    plan = make_plan("tests.fakes:curve", sizes=(16, 32), modes=("compute",))
+    shown = io.StringIO()
+    progress = Progress(plan, shown)
+    progress(DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu"))
+    slowed = point_key("/GPU:0", 16)
+    progress(Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=slowed))
+    progress(Started(key=point_key("/GPU:0", 32), role="sweep"))
+    assert shown.getvalue().endswith("[1/3] timing /GPU:0 n=32 float32 compute")
