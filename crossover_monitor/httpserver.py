@@ -16,7 +16,9 @@ What a client cannot do to it (``HttpLimits``):
   it gets 503 only when every connection is busy being answered; handlers run on ``workers`` threads,
   whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
-  count against ``max_connections`` and are cut off after ``handshake_timeout``;
+  count against ``max_connections`` and are cut off after ``handshake_timeout``; nor grow its memory with
+  them: a handshake holds a 32 KiB read buffer (not asyncio's 256 KiB), freed as soon as it ends, not left
+  in a reference cycle for the cyclic collector (see ``_TlsProtocol`` and ``_serve_connection``);
 - send an oversized head or body: 431 / 413, a chunk declared past the body limit too, when declared;
 - speak another HTTP, or frame a request so a proxy in front may read it otherwise: 505 for another version
   than 1.x, 400 for a folded header line or a chunk size of more than 16 hex digits;
@@ -48,6 +50,7 @@ import struct
 import termios
 import threading
 import urllib.parse
+from asyncio import sslproto
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -333,11 +336,15 @@ class HttpServer:
             if self._tls is not None:
                 # After admission, not on accept: handshakes are counted and bounded like any connection,
                 # and each takes the context in force now (renewed certificates, CAs, versions).
-                await self._start_tls(writer, self._tls())
+                await self._start_tls(connection, self._tls())
             writer.transport.set_write_buffer_limits(high=_WRITE_PIECE)
             await self._conversation(connection)
-        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, h11.LocalProtocolError):
-            pass  # the client went away, failed its handshake or broke the protocol: nothing to tell it
+        except (OSError, ssl.SSLError, asyncio.IncompleteReadError, h11.LocalProtocolError) as exc:
+            # The client went away, failed its handshake or broke the protocol: nothing to tell it. asyncio keeps
+            # the exception in futures (the handshake's, the reader's, the close's) that this frame holds through
+            # the connection, and its traceback holds this frame: a cycle that kept every failed handshake (its
+            # protocol and 256 KiB buffer) until the cyclic collector ran, seldom in full (400 MiB after 12,000).
+            exc.__traceback__ = None
         finally:
             self._waiting.pop(connection, None)
             self._checking.pop(connection, None)
@@ -345,14 +352,36 @@ class HttpServer:
             if not connection.ended:  # an aborted one has nothing left to send, nor to wait for
                 await self._close(writer)
 
-    async def _start_tls(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> None:
-        plain = writer.transport
+    async def _start_tls(self, connection: _Connection, context: ssl.SSLContext) -> None:
+        """``StreamWriter.start_tls`` (as CPython 3.11 does it), with ``_TlsProtocol``, and nothing kept after a failed
+        handshake: it ends the connection at once (aborted; there is nothing to flush or to wait for)."""
+        writer = connection.writer
+        plain = cast("asyncio.Transport", writer.transport)
+        app = cast("asyncio.StreamReaderProtocol", plain.get_protocol())
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        tls = _TlsProtocol(
+            self._loop,
+            app,
+            context,
+            waiter,
+            server_side=True,
+            call_connection_made=False,
+            ssl_handshake_timeout=self._limits.handshake_timeout_s,  # type: ignore[arg-type]  # seconds; typeshed: int
+        )
+        plain.pause_reading()
+        plain.set_protocol(tls)
+        began = self._loop.call_soon(tls.connection_made, plain)
+        resumed = self._loop.call_soon(plain.resume_reading)
         try:
-            await writer.start_tls(context, ssl_handshake_timeout=self._limits.handshake_timeout_s)
+            await waiter
         except BaseException:
-            if writer.transport is None:  # CPython 3.11 leaves none after a failed handshake; its __del__ then
-                writer._transport = plain  # noqa: SLF001 - complains on stderr
+            began.cancel()
+            resumed.cancel()
+            plain.abort()
+            connection.ended = True  # no close to wait for: that waited write_timeout (30 s) for nothing
             raise
+        writer._transport = tls._app_transport  # type: ignore[attr-defined]  # noqa: SLF001 - as start_tls does
+        app._replace_writer(writer)  # type: ignore[attr-defined]  # noqa: SLF001 - as start_tls does
 
     async def _close(self, writer: asyncio.StreamWriter) -> None:
         """Close after what was written has gone out (abort would drop it); abort if that does not happen soon."""
@@ -361,7 +390,8 @@ class HttpServer:
         try:
             writer.close()
             await asyncio.wait_for(writer.wait_closed(), self._limits.write_timeout_s)
-        except (Exception, asyncio.CancelledError):  # noqa: BLE001 - any failure to close ends in the same abort
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - any failure to close ends in the same abort
+            exc.__traceback__ = None  # kept by the protocol's futures, it would hold this frame (see _serve_connection)
             with contextlib.suppress(Exception):
                 writer.transport.abort()
 
@@ -570,6 +600,14 @@ class HttpServer:
                 connection.stalled_since = None
         finally:
             connection.stalled_since = None
+
+
+class _TlsProtocol(sslproto.SSLProtocol):
+    """asyncio's TLS protocol with a read buffer of 32 KiB, not CPython 3.11's 256 KiB (``max_size``, allocated at
+    construction, so for every handshake, stalled or not): a TLS record is at most 16 KiB and requests here are
+    small. Rounds of stalled handshakes held 256 of them at once."""
+
+    max_size = 32 * 1024
 
 
 class _TakenInTurn:
