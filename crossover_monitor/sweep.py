@@ -314,11 +314,9 @@ def run_sweep(
     device_failures = [f for f in collected.failures if f.whole_device]
     left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld if w.whole_device}
     measurements = [m for m in collected.measurements if m.key.device not in left_out]
-    set_aside = [
-        w.point
-        for w in collected.withheld
-        if w.point is not None and w.device not in left_out and w.point.size in plan.bench.sizes
-    ]
+    # A device withheld or failed whole after some of its points were withheld alone is said once, whole.
+    withheld = [w for w in collected.withheld if w.whole_device or w.device not in left_out]
+    set_aside = [w.point for w in withheld if w.point is not None and w.point.size in plan.bench.sizes]
     finished = clock()
     derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements, set_aside)]
     snapshot = Snapshot(
@@ -330,10 +328,10 @@ def run_sweep(
         costs=cost_models(measurements),
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),
-        withheld=tuple(collected.withheld),
+        withheld=tuple(withheld),
         hardware=tuple(h for h in collected.hardware if h.device not in left_out),
     )
-    result, reason = _result(device_failures, measurements, collected.withheld)
+    result, reason = _result(device_failures, measurements, withheld)
     return SweepOutcome(
         result=result, started_at=started, finished_at=snapshot.finished_at, reason=reason, snapshot=snapshot
     )
@@ -361,7 +359,7 @@ def _withheld_reasons(withheld: list[Withheld]) -> list[str]:
     whole = [f"{w.device} withheld ({w.reason.value}): {w.detail}" for w in withheld if w.whole_device]
     points: dict[tuple[str, WithheldReason], list[Withheld]] = {}
     for w in withheld:
-        if w.point is not None and not any(w.device == d.device for d in withheld if d.whole_device):
+        if w.point is not None:
             points.setdefault((w.device, w.reason), []).append(w)
     for (device, reason), lost in points.items():
         named = ", ".join(w.point.described for w in lost if w.point is not None)

@@ -75,20 +75,28 @@ class CountingBackend(CurveBackend):
 
 
 class SlowedWhileTiming(CountingBackend):
-    """The known curves, with a host reference that reads twice its idle figure while the ``slowed`` points
-    (device, size) are timed: a neighbour that slowed the host for those points only."""
+    """The known curves, with a host reference that reads ``factor`` times its idle figure while the ``slowed``
+    points (device, size) are timed: a neighbour that slowed the host for those points only; with
+    ``visits``, only over their first that many visits (each visit prepares the point once)."""
 
-    def __init__(self, slowed: set[tuple[str, int]]) -> None:
+    def __init__(self, slowed: set[tuple[str, int]], *, factor: float = 2.0, visits: int | None = None) -> None:
         super().__init__(BackendOptions(tf32=False, cpu_threads=1))
         self.slowed = slowed
+        self.factor = factor
+        self.visits = visits
+        self.prepared: dict[tuple[str, int], int] = {}
         self.current: tuple[str, int] | None = None
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         self.current = (device.device, size)
+        self.prepared[self.current] = self.prepared.get(self.current, 0) + 1
         return super().prepare(device, size, dtype, mode)
 
     def reference(self) -> float:
-        return 2e-3 if self.current in self.slowed else 1e-3
+        if self.current not in self.slowed:
+            return 1e-3
+        early = self.visits is None or self.prepared[self.current] <= self.visits
+        return self.factor * 1e-3 if early else 1e-3
 
 
 class FakeHost:

@@ -48,7 +48,7 @@ from crossover_monitor.model import (
     WithheldReason,
 )
 from crossover_monitor.protocol import Environment, Message, Plan
-from crossover_monitor.settings import GuardSettings
+from crossover_monitor.settings import GuardSettings, RefineSettings
 from crossover_monitor.sweep import run_sweep
 from tests.conftest import make_plan
 from tests.fakes import SPIN_FOR_A_MINUTE
@@ -719,10 +719,10 @@ def test_a_sweep_on_a_host_slowed_from_its_middle_withholds_what_was_slowed_and_
     assert float(environment[HOST_REFERENCE_SPREAD]) >= 0
 
 
-def _slowed_sweep(slowed: set[tuple[str, int]], plan: Plan | None = None) -> SweepOutcome:
+def _slowed_sweep(slowed: set[tuple[str, int]] | SlowedWhileTiming, plan: Plan | None = None) -> SweepOutcome:
     """A sweep of the known curves (compute; the GPU wins from n = 64) whose host ran 2x slower while the
     ``slowed`` points were timed."""
-    backend = SlowedWhileTiming(slowed)
+    backend = slowed if isinstance(slowed, SlowedWhileTiming) else SlowedWhileTiming(slowed)
     guard = fake_guard(
         FakeSampler(lambda _: IDLE), FakeHost([0.0]), reference=backend.reference, baseline=IDLE_REFERENCE
     )
@@ -778,6 +778,33 @@ def test_the_fixed_cost_point_withheld_alone_moves_no_crossover() -> None:
     assert [w.subject for w in snapshot.withheld] == ["/GPU:0 1x1 float32 compute"]
     (crossover,) = snapshot.crossovers
     assert crossover.state is CrossoverState.FOUND
+
+
+def test_refinement_never_times_a_point_withheld_alone_again() -> None:
+    """The host slowed only over the CPU's first visit of n = 64, a configured size inside the crossing that
+    refinement also lands on: it stays withheld (timed once, never published), and the crossover comes from the
+    refined sizes around it, whose leads agree across the gap."""
+    backend = SlowedWhileTiming({("/CPU:0", 64)}, visits=1)
+    plan = make_plan("tests.fakes:curve", modes=("compute",), refine=RefineSettings(spacing=0.2, visits=2))
+    snapshot = _slowed_sweep(backend, plan).snapshot
+    assert snapshot is not None
+    assert [w.subject for w in snapshot.withheld] == ["/CPU:0 64x64 float32 compute"]
+    assert backend.prepared[("/CPU:0", 64)] == 1
+    assert not [m for m in snapshot.measurements if (m.key.device, m.key.size) == ("/CPU:0", 64)]
+    refined = {m.key.size for m in snapshot.measurements if m.role == "refine"}
+    assert refined, "refinement timed nothing: the test's premise is gone"
+
+
+def test_a_withheld_fixed_cost_point_still_bounds_the_host_share_of_the_devices_other_points() -> None:
+    """The host 1.3x slower over the GPU's n = 1 point (withheld alone: all of it is the host's) and over its
+    n = 512 point, 7% of whose time is the host's: that point moved by about 2% and stands. Without the n = 1
+    figure it would be judged as all host's and withheld."""
+    backend = SlowedWhileTiming({("/GPU:0", 1), ("/GPU:0", 512)}, factor=1.3)
+    plan = make_plan("tests.fakes:curve", sizes=(512,), modes=("compute",), devices=("/GPU:0",))
+    snapshot = _slowed_sweep(backend, plan).snapshot
+    assert snapshot is not None
+    assert [w.subject for w in snapshot.withheld] == ["/GPU:0 1x1 float32 compute"]
+    assert [m.key.size for m in snapshot.measurements] == [512]
 
 
 def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded() -> None:

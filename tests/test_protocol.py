@@ -42,6 +42,7 @@ KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")
         DeviceFailure(backend="tensorflow", device="/GPU:0", reason="oom", point=KEY),
         DeviceFailure(backend="tensorflow", device="/GPU:1", reason="gone", fatal=True),
         Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process"),
+        Withheld(backend="tensorflow", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=KEY),
         HardwareContext(
             backend="torch",
             device="cuda:0",

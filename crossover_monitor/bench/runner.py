@@ -86,9 +86,10 @@ class _PointSetAside(Exception):
     """The host ran slower while a point was timed, by more than the point's host share allows: this point
     is withheld, and its device goes on (the next points are judged on their own)."""
 
-    def __init__(self, verdict: Withheld) -> None:
+    def __init__(self, verdict: Withheld, timing: Timing) -> None:
         super().__init__(verdict.detail)
         self.verdict = verdict
+        self.timing = timing  # what the slowed host gave: never published
 
 
 @dataclass
@@ -106,6 +107,10 @@ class _Session:
     timed: set[str] = field(default_factory=set)  # devices with a point timed in this sweep
     timings: dict[PointKey, Timing] = field(default_factory=dict)  # all visits so far
     roles: dict[PointKey, Role] = field(default_factory=dict)
+    # Points withheld alone, with what the slowed host gave them: never timed again in this sweep (a refinement
+    # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
+    # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
+    set_aside: dict[PointKey, Timing] = field(default_factory=dict)
 
     def key(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> PointKey:
         return PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
@@ -114,7 +119,9 @@ class _Session:
         """Time one point (once per sweep) and emit it; its median, or None if it could not be timed."""
         where = self.key(device, size, dtype, mode)
         cached = self.timings.get(where)
-        if cached is not None or device.device in self.failed | self.withheld or self.retry_is_over():
+        if cached is not None or where in self.set_aside:
+            return cached.median_s if cached is not None else None
+        if device.device in self.failed | self.withheld or self.retry_is_over():
             return cached.median_s if cached is not None else None
         timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.bench.timing, calls=None)
         if timing is None:
@@ -180,9 +187,11 @@ class _Session:
         try:
             return self._guarded(device, size, dtype, mode, settings=settings, calls=calls)
         except _PointSetAside as aside:
+            self.timed.add(device.device)  # it was timed clean of other jobs: a job arriving later stops the sweep
             # Only a point that has no figure yet is withheld: a refinement's visit is taken back, its point's
             # earlier visits stand; a size refinement added is left unrefined (it is no configured series).
             if key not in self.timings and role != "refine":
+                self.set_aside[key] = aside.timing
                 self.emit(aside.verdict)
             return None
         except MeasurementFailed as exc:
@@ -210,7 +219,8 @@ class _Session:
             if verdict is None:
                 run = self.backend.prepare(device, size, dtype, mode)
                 timings: list[Timing] = []
-                fixed = self.timings.get(self.key(device, 1, dtype, mode))
+                fixed_key = self.key(device, 1, dtype, mode)
+                fixed = self.timings.get(fixed_key) or self.set_aside.get(fixed_key)
 
                 def host_share() -> float:
                     """A compute point's host side is about its fixed cost; a copy of host memory is host work too."""
@@ -241,8 +251,8 @@ class _Session:
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
             )
             timing = timings[-1]
-        if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED:
-            raise _PointSetAside(dataclasses.replace(verdict, point=self.key(device, size, dtype, mode)))
+        if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
+            raise _PointSetAside(dataclasses.replace(verdict, point=self.key(device, size, dtype, mode)), timing)
         if verdict is not None:
             self.withhold(verdict)
             return None
