@@ -318,13 +318,20 @@ def run_sweep(
     withheld = [w for w in collected.withheld if w.whole_device or w.device not in left_out]
     set_aside = [w.point for w in withheld if w.point is not None and w.point.size in plan.bench.sizes]
     finished = clock()
-    derived = [replace(c, derived_at=finished) for c in crossovers(collected.devices, measurements, set_aside)]
+    withheld_pairs = _withheld_crossovers(plan, collected)
+    # A pair with a device withheld whole is withheld once, whatever the other device's gaps say.
+    covered = {c.key for c in withheld_pairs}
+    derived = [
+        replace(c, derived_at=finished)
+        for c in crossovers(collected.devices, measurements, set_aside)
+        if c.key not in covered
+    ]
     snapshot = Snapshot(
         started_at=started,
         finished_at=finished,
         devices=tuple(collected.devices),
         measurements=tuple(measurements),
-        crossovers=(*derived, *_withheld_crossovers(plan, collected)),
+        crossovers=(*derived, *withheld_pairs),
         costs=cost_models(measurements),
         failures=tuple(collected.failures),
         environment=tuple(sorted(collected.environment.items())),

@@ -780,6 +780,25 @@ def test_the_fixed_cost_point_withheld_alone_moves_no_crossover() -> None:
     assert crossover.state is CrossoverState.FOUND
 
 
+def test_a_pair_with_a_device_withheld_whole_and_a_point_withheld_alone_has_one_crossover() -> None:
+    """Others' load withholds the CPU whole while the host slowed the GPU's n = 32 point: the pair's crossover is
+    withheld once (two series of one name and labels would make the scrape invalid)."""
+    backend = SlowedWhileTiming({("/GPU:0", 32)})
+    guard = fake_guard(
+        FakeSampler(lambda _: IDLE), FakeHost([5.0]), reference=backend.reference, baseline=IDLE_REFERENCE
+    )
+    plan = make_plan("tests.fakes:curve", modes=("compute",))
+    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard, backend))
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert {(w.subject, w.reason) for w in snapshot.withheld} == {
+        ("/CPU:0", WithheldReason.CPU_CONTENDED),
+        ("/GPU:0 32x32 float32 compute", WithheldReason.HOST_SLOWED),
+    }
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.WITHHELD
+
+
 def test_refinement_never_times_a_point_withheld_alone_again() -> None:
     """The host slowed only over the CPU's first visit of n = 64, a configured size inside the crossing that
     refinement also lands on: it stays withheld (timed once, never published), and the crossover comes from the
