@@ -57,7 +57,25 @@ def _blocks(run: Any, sync: Any, blocks: int = 5) -> float:
     return statistics.median(samples)
 
 
-def child(rounds: int, threads: int) -> None:
+# ``--large``: the end_to_end points whose pageable copies outgrow the caches, and a candidate reference part
+# that copies past the last-level cache (issue 32: GPU end_to_end 2048 read 1.19-1.24x beside a 4-thread BLAS
+# job while the reference, whose 2 MiB copy stays in the cache, read 1.11x).
+LARGE_E2E_SIZES = (1024, 2048)
+_LARGE_COPY = (bytearray(64 * 2**20), bytearray(64 * 2**20))
+
+
+def _large_copy() -> float:
+    """The median of three 64 MiB copies, in seconds."""
+    source, target = _LARGE_COPY
+    samples = []
+    for _ in range(3):
+        start = time.perf_counter()
+        target[:] = source
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def child(rounds: int, threads: int, *, large: bool = False) -> None:
     import torch  # noqa: PLC0415
 
     from crossover_monitor.bench.hostprobe import part_readings, reading  # noqa: PLC0415
@@ -69,7 +87,7 @@ def child(rounds: int, threads: int) -> None:
     for n in GPU_SIZES:
         a, b = torch.rand(n, n, device=dev), torch.rand(n, n, device=dev)
         cases[f"gpu compute {n}"] = (lambda a=a, b=b: torch.matmul(a, b), sync)
-    for n in E2E_SIZES:
+    for n in E2E_SIZES + (LARGE_E2E_SIZES if large else ()):
         a, b = torch.rand(n, n), torch.rand(n, n)
         cases[f"gpu end_to_end {n}"] = (lambda a=a, b=b: torch.matmul(a.to(dev), b.to(dev)).cpu(), sync)
     for n in CPU_SIZES:
@@ -78,7 +96,8 @@ def child(rounds: int, threads: int) -> None:
     out: dict[str, list[float]] = {}
     for _ in range(rounds):
         for name, (run, sync_) in cases.items():
-            for part, seconds in {**part_readings(), "reference": reading()}.items():
+            parts = {**part_readings(), "reference": reading()} | ({"copy 64 MiB": _large_copy()} if large else {})
+            for part, seconds in parts.items():
                 out.setdefault(f"host {part}", []).append(seconds)
             out.setdefault(name, []).append(_blocks(run, sync_))
     print(json.dumps({k: statistics.median(v) for k, v in out.items()} | {"_samples": out}))
@@ -116,6 +135,7 @@ def co_tenant(shape: str) -> Iterator[None]:
 
 def run_child(args: argparse.Namespace, *, quota: float | None) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds), "--threads", str(args.threads)]
+    command += ["--large"] if args.large else []
     if quota is None:
         done = subprocess.run(command, capture_output=True, text=True, check=True)
     else:
@@ -135,9 +155,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--phases", default="idle,blas1,idle,blas4,idle,blas8,idle,membw2,idle,spin8,idle,quota,idle")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--large", action="store_true", help="also GPU end_to_end 1024/2048 and a 64 MiB copy part")
     args = parser.parse_args()
     if args.child:
-        child(args.rounds, args.threads)
+        child(args.rounds, args.threads, large=args.large)
         return
     phases: list[tuple[str, dict[str, Any]]] = []
     for shape in args.phases.split(","):
