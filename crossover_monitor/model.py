@@ -390,7 +390,8 @@ def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tupl
     return tuple((cpu, tuple(g for g in gpus if g.backend == cpu.backend)) for cpu in listed if cpu.kind == "cpu")
 
 
-# GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be).
+# GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be). A GPU is
+# no longer withheld whole as host_slowed (its points are, alone); served states saved before may still say so.
 RETRIED_REASONS = frozenset(
     {WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED, WithheldReason.HOST_SLOWED}
 )
