@@ -121,6 +121,20 @@ def test_job_appearing_mid_sweep_stops_the_sweep_cpu_included() -> None:
     assert cpu_points == 3  # sizes 16, 32, 64 before the job; none after it
 
 
+def test_a_job_arriving_after_a_gpus_points_were_withheld_alone_still_stops_the_sweep() -> None:
+    """The host slowed every GPU point so far (each withheld alone), then a job appeared on the GPU: its points
+    were timed clean of other jobs, so the job arrived mid-sweep and the CPU yields to it too."""
+    backend = SlowedWhileTiming({("/GPU:0", 1), ("/GPU:0", 16)})
+    sampler = FakeSampler(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
+    guard = fake_guard(sampler, FakeHost([0.0]), reference=backend.reference, baseline=IDLE_REFERENCE)
+    plan = make_plan("tests.fakes:curve", modes=("compute",))
+    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard, backend))
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    whole = {w.device: w.reason for w in snapshot.withheld if w.whole_device}
+    assert whole == {"/GPU:0": WithheldReason.GPU_BUSY, "/CPU:0": WithheldReason.YIELDED}
+
+
 def test_a_withheld_gpu_publishes_no_point_and_no_crossover_from_its_sweep() -> None:
     """Points timed before the job appeared are dropped too; the crossover says withheld, not a number."""
     _, outcome = sweep_with(lambda look: IDLE if look <= 4 else dataclasses.replace(IDLE, processes=(JOB,)))
