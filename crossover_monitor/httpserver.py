@@ -353,8 +353,8 @@ class HttpServer:
                 await self._close(writer)
 
     async def _start_tls(self, connection: _Connection, context: ssl.SSLContext) -> None:
-        """``StreamWriter.start_tls`` (as CPython 3.11 does it), with ``_TlsProtocol``, and nothing kept after a failed
-        handshake: it ends the connection at once (aborted; there is nothing to flush or to wait for)."""
+        """``StreamWriter.start_tls`` (as CPython 3.11-3.13 do it), with ``_TlsProtocol``, and nothing kept after a
+        failed handshake: it ends the connection at once (aborted; there is nothing to flush or to wait for)."""
         writer = connection.writer
         plain = cast("asyncio.Transport", writer.transport)
         app = cast("asyncio.StreamReaderProtocol", plain.get_protocol())
@@ -381,7 +381,10 @@ class HttpServer:
             connection.ended = True  # no close to wait for: that waited write_timeout (30 s) for nothing
             raise
         writer._transport = tls._app_transport  # type: ignore[attr-defined]  # noqa: SLF001 - as start_tls does
-        app._replace_writer(writer)  # type: ignore[attr-defined]  # noqa: SLF001 - as start_tls does
+        if hasattr(app, "_replace_transport"):  # CPython 3.13 on
+            app._replace_transport(writer.transport)  # noqa: SLF001 - as start_tls does
+        else:  # CPython 3.11 and 3.12
+            app._replace_writer(writer)  # type: ignore[attr-defined]  # noqa: SLF001 - as start_tls does
 
     async def _close(self, writer: asyncio.StreamWriter) -> None:
         """Close after what was written has gone out (abort would drop it); abort if that does not happen soon."""
