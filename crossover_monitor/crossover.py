@@ -343,15 +343,13 @@ def _gap_could_move(points: Sequence[SpeedupPoint], gap: Iterable[int]) -> bool:
     for size in gap:
         below = [p.median > 0 for p in ordered if p.size < size]
         above = [p.median > 0 for p in ordered if p.size > size]
-        if not below and not above:
-            return True
-        if not below:
-            if above[0]:
-                return True
-        elif not above:
-            if not below[-1]:
-                return True
-        elif below[-1] != above[0]:
+        if not below:  # at the small end: does the GPU win below the smallest size it already wins at?
+            could = not above or above[0]
+        elif not above:  # at the large end: does it win above the largest it still loses at?
+            could = not below[-1]
+        else:
+            could = below[-1] != above[0]
+        if could:
             return True
     return False
 

@@ -537,11 +537,6 @@ class Snapshot:
         return frozenset(w.device for w in self.withheld if w.whole_device)
 
     @property
-    def withheld_points(self) -> tuple[Withheld, ...]:
-        """The points withheld alone, their devices' other points published."""
-        return tuple(w for w in self.withheld if not w.whole_device)
-
-    @property
     def failed_devices(self) -> frozenset[str]:
         return failed_devices(self.failures)
 

@@ -22,11 +22,6 @@ def cpu_device(backend: str, name: str, threads: int, *, thread_pool: str = FORK
     return DeviceInfo(backend=backend, device=name, kind="cpu", name=cpu_model(), details=details)
 
 
-def describe(size: int, dtype: str, mode: Mode) -> str:
-    """The point as error messages name it: '512x512 float32 compute'."""
-    return describe_point(size, dtype, mode)
-
-
 def host_operands(size: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
     """Two n×n float32 operands in [0, 1), the same for every backend and run; cast to the timed dtype by the caller."""
     rng = np.random.default_rng(size)
@@ -48,7 +43,7 @@ def lookup_dtype(table: Mapping[str, T], device: str, size: int, dtype: str, mod
         return table[dtype]
     except KeyError:
         reason = f"unsupported dtype {dtype!r} (this backend times {', '.join(table)})"
-        raise MeasurementFailed(device, describe(size, dtype, mode), reason) from None
+        raise MeasurementFailed(device, describe_point(size, dtype, mode), reason) from None
 
 
 def check_placement(where: str, actual: str) -> None:

@@ -23,7 +23,6 @@ import numpy.typing as npt
 from crossover_monitor.bench.common import (
     check_placement,
     cpu_device,
-    describe,
     host_operands,
     lookup_device,
     lookup_dtype,
@@ -32,7 +31,7 @@ from crossover_monitor.bench.common import (
 from crossover_monitor.bench.contract import BackendOptions, RunBlock
 from crossover_monitor.bench.nogpu import Facts, explain, read_host
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed
-from crossover_monitor.model import GPU_PROBLEM, DeviceInfo, Mode
+from crossover_monitor.model import GPU_PROBLEM, DeviceInfo, Mode, describe_point
 
 _DTYPES = {name: np.dtype(getattr(jnp, name)) for name in ("float16", "bfloat16", "float32", "float64")}
 _HostArray = npt.NDArray[Any]
@@ -79,7 +78,7 @@ class JaxBackend:
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         where = lookup_device(self.name, device.device, _devices())
         np_dtype = lookup_dtype(_DTYPES, device.device, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         with _failures(where, what):
             if mode == "compute":
                 # Drawn on the device itself: operands of gigabytes never pass through the host.
@@ -93,7 +92,7 @@ class JaxBackend:
     def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
         where = lookup_device(self.name, device.device, _devices())
         np_dtype = lookup_dtype(_DTYPES, device.device, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         a_host, b_host = (x.astype(np_dtype) for x in host_operands(size))
         product: npt.ArrayLike
         with _failures(where, what):

@@ -119,9 +119,8 @@ class _Session:
         """Time one point (once per sweep) and emit it; its median, or None if it could not be timed."""
         where = self.key(device, size, dtype, mode)
         cached = self.timings.get(where)
-        if cached is not None or where in self.set_aside:
-            return cached.median_s if cached is not None else None
-        if device.device in self.failed | self.withheld or self.retry_is_over():
+        gone = device.device in self.failed | self.withheld or self.retry_is_over()
+        if cached is not None or where in self.set_aside or gone:
             return cached.median_s if cached is not None else None
         timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.bench.timing, calls=None)
         if timing is None:

@@ -19,7 +19,6 @@ import tensorflow as tf
 from crossover_monitor.bench.common import (
     check_placement,
     cpu_device,
-    describe,
     host_operands,
     lookup_device,
     lookup_dtype,
@@ -35,7 +34,7 @@ from crossover_monitor.bench.nogpu import (
     read_host,
 )
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed
-from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, WORK_STEALING, DeviceInfo, Mode
+from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, WORK_STEALING, DeviceInfo, Mode, describe_point
 
 _DTYPES = {"float16": tf.float16, "bfloat16": tf.bfloat16, "float32": tf.float32, "float64": tf.float64}
 _CUDA_EXTRA = (
@@ -103,7 +102,7 @@ class TensorFlowBackend:
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         where = lookup_device(self.name, device.device, self._known)
         tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         with _failures(where, what):
             if mode == "compute":
                 with tf.device(where):
@@ -116,7 +115,7 @@ class TensorFlowBackend:
     def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
         where = lookup_device(self.name, device.device, self._known)
         tf_dtype = lookup_dtype(_DTYPES, where, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         a_host, b_host = (x.astype(tf_dtype.as_numpy_dtype) for x in host_operands(size))
         if mode == "compute":
             with _failures(where, what), tf.device(where):

@@ -16,7 +16,6 @@ import torch
 from crossover_monitor.bench.common import (
     check_placement,
     cpu_device,
-    describe,
     host_operands,
     lookup_device,
     lookup_dtype,
@@ -25,7 +24,7 @@ from crossover_monitor.bench.common import (
 from crossover_monitor.bench.contract import BackendOptions, RunBlock
 from crossover_monitor.bench.nogpu import Facts, explain, read_host
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed
-from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, DeviceInfo, Mode
+from crossover_monitor.model import BUILTIN_BACKENDS, GPU_PROBLEM, DeviceInfo, Mode, describe_point
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 
@@ -74,7 +73,7 @@ class TorchBackend:
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         where = self._resolve(device)
         torch_dtype = lookup_dtype(_DTYPES, device.device, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         with _failures(where, what):
             if mode == "compute":
                 a = torch.rand(size, size, device=where, dtype=torch_dtype)
@@ -86,7 +85,7 @@ class TorchBackend:
     def check(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> float:
         where = self._resolve(device)
         torch_dtype = lookup_dtype(_DTYPES, device.device, size, dtype, mode)
-        what = describe(size, dtype, mode)
+        what = describe_point(size, dtype, mode)
         a_host, b_host = (torch.from_numpy(x).to(torch_dtype) for x in host_operands(size))
         if mode == "compute":
             with _failures(where, what):
