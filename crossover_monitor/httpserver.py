@@ -9,12 +9,11 @@ What a client cannot do to it (``HttpLimits``):
 - hold a connection without finishing a request: the whole request head must arrive within
   ``request_timeout`` of the connection (a kept-alive one: within ``idle_timeout`` of the previous
   response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
-- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts a
-  connection still waiting for its request head, the longest waiting of those that have sent nothing
-  since they began to wait (a silent client, an idle kept-alive one), else the longest waiting (a slow
-  one), so a burst of new connections does not evict a scraper whose request is here but not yet read;
-  it gets 503 only when every connection is busy being answered; handlers run on ``workers`` threads,
-  whatever the number of clients;
+- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
+  likeliest abuser (``HttpServer._victim``: a password guesser, a connection silent or slow for a second,
+  a fresh guesser, a non-reader, a just-connected silent one), never a client that has just sent its
+  request; where none may be evicted it waits up to a second for room, then gets 503; handlers run on
+  ``workers`` threads, whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``; nor grow its memory with
   them: a handshake holds a 32 KiB read buffer (not asyncio's 256 KiB), freed as soon as it ends, not left
@@ -26,8 +25,8 @@ What a client cannot do to it (``HttpLimits``):
   no more than a piece or two in memory), and the next request of a connection is read only once its
   client has acknowledged the whole answer before (the kernel's send buffer would otherwise take
   megabytes of pipelined answers that nobody reads); a connection whose answer has not moved, or not
-  been acknowledged, for ``stalled_write_s`` may be evicted, like a waiting one, when the server is full,
-  and is closed at ``write_timeout``;
+  been acknowledged, for ``stalled_write_s`` (a quarter second if it pipelined requests behind it) may be
+  evicted when the server is full, and is closed at ``write_timeout``;
 - hold slots by guessing passwords: when the server is full, the connection that failed the most password
   checks is evicted first (its pending check dropped if it has not begun), so guessers cannot keep out
   probes or a client whose first (slow, uncached) check of the right password is still waiting;
@@ -51,7 +50,7 @@ import termios
 import threading
 import urllib.parse
 from asyncio import sslproto
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -77,6 +76,15 @@ _ACK_POLL_S = (0.002, 0.1)  # the first and the longest wait between two looks a
 _HEAD_END = re.compile(rb"\n\r?\n")
 _FOLDED = re.compile(rb"\n[ \t]")  # a line of the head beginning with whitespace: obs-fold
 _CHUNK_SIZE_DIGITS = 16  # a chunk size that fits 64 bits, as Go's net/http allows (h11 allows 20)
+# When the server is full: a connection waiting this long for a request is no newcomer (a probe that has just
+# connected is evicted only when no other may be), and one whose client pipelined requests while not reading
+# the answer before counts as stalled after this long (not stalled_write_s), see HttpServer._victim.
+_SETTLED_S = 1.0
+_PIPELINED_STALL_S = 0.25
+# A new connection finding no room waits this long for some, polling, before its 503; so many at most at once.
+_ADMISSION_WAIT_S = 1.0
+_ADMISSION_POLL_S = 0.05
+_ADMISSIONS_WAITING = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,6 +165,8 @@ class _Connection:
     ended: bool = False  # aborted (evicted, or the server stopping): nothing more to close
     failed_checks: int = 0  # requests refused by the gate (wrong passwords): the first evicted when full
     heard_mark: int = 0  # bytes received when it began waiting for its next request (0: for its first)
+    read: int = 0  # bytes taken from the reader
+    pipelined: bool = False  # the client sent more after the request being answered, without waiting for it
 
     def heard_from(self) -> bool:
         """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
@@ -196,9 +206,10 @@ class HttpServer:
         self._checks = _TakenInTurn(self._loop, gate.threads if gate is not None else 1)
         # Connections waiting for a request head, oldest first: the ones a new connection may evict, after
         # those waiting for a password check (work a guesser makes us do).
-        self._waiting: OrderedDict[_Connection, None] = OrderedDict()
-        self._checking: OrderedDict[_Connection, None] = OrderedDict()
+        self._waiting: OrderedDict[_Connection, float] = OrderedDict()  # when each began to wait
+        self._checking: OrderedDict[_Connection, str] = OrderedDict()  # the client's address of each
         self._connections: set[_Connection] = set()
+        self._admissions_waiting = 0  # new connections waiting for room (see _admitted_soon)
         self._thread = threading.Thread(target=self._loop.run_forever, name="http-loop", daemon=True)
         try:
             self._server = self._loop.run_until_complete(
@@ -284,38 +295,82 @@ class HttpServer:
         await asyncio.gather(*others, return_exceptions=True)
 
     def _admit(self, connection: _Connection) -> bool:
-        """Room for ``connection``: when full, evict the oldest waiting one, else the longest stalled reader.
-
-        False when every connection is busy being answered to a client that reads.
-        """
+        """Room for ``connection``: when full, a connection is evicted for it (see ``_victim``); False when none
+        may be, every connection being busy for a client that takes part."""
         if len(self._connections) >= self._limits.max_connections:
-            guessing = [c for c in (*self._checking, *self._waiting) if c.failed_checks]
-            if guessing:  # the connection that failed the most password checks: a guesser, never a scraper
-                evicted = max(guessing, key=lambda c: c.failed_checks)
-                self._checking.pop(evicted, None)
-                self._waiting.pop(evicted, None)
-            elif self._waiting:
-                evicted = self._longest_silent()
-            elif self._checking:
-                evicted, _ = self._checking.popitem(last=False)
-            else:
-                cutoff = self._loop.time() - self._limits.stalled_write_s
-                stalled = [c for c in self._connections if c.stalled_since is not None and c.stalled_since <= cutoff]
-                if not stalled:
-                    return False
-                evicted = min(stalled, key=lambda c: c.stalled_since or 0.0)
+            evicted = self._victim()
+            if evicted is None:
+                return False
+            self._waiting.pop(evicted, None)
+            self._checking.pop(evicted, None)
             _end(evicted)
             self._connections.discard(evicted)
         self._connections.add(connection)
         return True
 
-    def _longest_silent(self) -> _Connection:
-        """The waiting connection to evict: the longest waiting of those that have sent nothing since they began
-        waiting, else the longest waiting. By age alone, a scraper that had just connected and sent its request
-        was evicted by a burst of new connections admitted before its request was read."""
-        evicted = next((c for c in self._waiting if not c.heard_from()), None) or next(iter(self._waiting))
-        del self._waiting[evicted]
-        return evicted
+    def _victim(self) -> _Connection | None:
+        """The connection a new one displaces when the server is full, the likeliest abuser first; None: none.
+
+        1. the one that failed the most password checks (a guesser, never a scraper);
+        2. one that has waited ``_SETTLED_S`` or more for a request: the longest waiting of those that sent
+           nothing since they began (a silent client, an idle kept-alive one), else the longest waiting (slow);
+        3. one waiting for its first password check (a fresh guesser is likelier than a newcomer): the newest
+           that pipelined requests behind it, else the newest from the address with the most such connections
+           (checks are taken in turn by address, so the oldest is the client that waited longest behind the
+           guessers: a scraper whose right password is not yet known, evicted again and again);
+        4. one whose answer its client has not acknowledged for ``stalled_write_s``, or for ``_PIPELINED_STALL_S``
+           where the client pipelined requests behind it (one that pipelines and reads acknowledges at once);
+        5. one that has just connected and sent nothing, the longest waiting: a flood of silent connections is
+           still displaced, but a probe that sent its request is not, before it could be read (280 renewed
+           non-readers reset 0-21 probes of ~500 so, the probes being the only connections waiting).
+        """
+        guessing = [c for c in (*self._checking, *self._waiting) if c.failed_checks]
+        if guessing:
+            return max(guessing, key=lambda c: c.failed_checks)
+        now = self._loop.time()
+        settled = [c for c, since in self._waiting.items() if now - since >= _SETTLED_S]
+        if settled:
+            return _longest_silent(settled)
+        if self._checking:
+            pipelining = [c for c in self._checking if c.pipelined]  # guesses queued behind the check: no scraper
+            return pipelining[-1] if pipelining else _crowding(self._checking)
+        stalled = [
+            c
+            for c in self._connections
+            if c.stalled_since is not None
+            and now - c.stalled_since >= (_PIPELINED_STALL_S if c.pipelined else self._limits.stalled_write_s)
+        ]
+        if stalled:
+            return min(stalled, key=lambda c: c.stalled_since or 0.0)
+        return next((c for c in self._waiting if not c.heard_from()), None)
+
+    async def _admitted_soon(self, connection: _Connection) -> bool:
+        """Admit ``connection``, waiting up to ``_ADMISSION_WAIT_S`` for room if none can be made now (at most
+        ``_ADMISSIONS_WAITING`` connections wait so): in the moment non-readers renewing their connections have
+        every slot, busy and not yet stalled, probes and scrapes otherwise got 503 (8 of ~950 in 45 s, 2-core VM)."""
+        if self._admit(connection):
+            return True
+        if self._admissions_waiting >= _ADMISSIONS_WAITING:
+            return False
+        self._admissions_waiting += 1
+        transport = cast("asyncio.Transport", connection.writer.transport)
+        # Nothing read meanwhile: a TLS client's hello would go to the plain reader, not to its handshake.
+        transport.pause_reading()
+        try:
+            deadline = self._loop.time() + _ADMISSION_WAIT_S
+            admitted = False
+            while not admitted and self._loop.time() < deadline and self._server.is_serving():
+                await asyncio.sleep(_ADMISSION_POLL_S)
+                admitted = self._admit(connection)
+        except asyncio.CancelledError:  # the server stopping: not admitted, so nothing else ends it
+            transport.abort()
+            raise
+        else:
+            return admitted
+        finally:
+            self._admissions_waiting -= 1
+            if not transport.is_closing():
+                transport.resume_reading()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Cancelled only by stop(): the connection ends there, which is no error to report (asyncio would
@@ -325,13 +380,14 @@ class HttpServer:
 
     async def _serve_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = _Connection(cast("_Reader", reader), writer, task=asyncio.current_task())
-        if not self._admit(connection):
+        if not await self._admitted_soon(connection):
             writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
             with contextlib.suppress(OSError):
                 await writer.drain()
             writer.transport.abort()
             return
-        self._waiting[connection] = None  # a TLS handshake counts, and may be evicted, like a silent client
+        # A TLS handshake counts, and may be evicted, like a silent client.
+        self._waiting[connection] = self._loop.time()
         try:
             if self._tls is not None:
                 # After admission, not on accept: handshakes are counted and bounded like any connection,
@@ -403,7 +459,7 @@ class HttpServer:
         wait = self._limits.request_timeout_s
         writer = connection.writer
         while True:
-            self._waiting[connection] = None
+            self._waiting.setdefault(connection, self._loop.time())  # a TLS one: since it was admitted
             try:
                 request = await self._read_request(protocol, connection, self._loop.time() + wait)
             except TimeoutError:
@@ -416,6 +472,7 @@ class HttpServer:
             if request is None:
                 return  # the client closed the connection
             self._waiting.pop(connection, None)
+            connection.pipelined = bool(protocol.trailing_data[0]) or connection.reader.received > connection.read
             connection.busy = True
             try:
                 response = await self._admitted(request, connection)
@@ -445,6 +502,7 @@ class HttpServer:
                 if remaining <= 0:
                     raise TimeoutError
                 data = await asyncio.wait_for(connection.reader.read(_READ_CHUNK), remaining)
+                connection.read += len(data)
                 if chunks is not None:
                     chunks.feed(data)
                 protocol.receive_data(data)
@@ -512,7 +570,7 @@ class HttpServer:
         verdict = self._gate.quick(request)
         if verdict is None:
             check = functools.partial(self._gate.slow, request)
-            self._checking[connection] = None  # evicted first when the server is full
+            self._checking[connection] = request.peer  # evicted before most when the server is full
             try:
                 verdict = await asyncio.wait_for(self._checks.run(request.peer, check), self._limits.request_timeout_s)
             except TimeoutError:
@@ -655,6 +713,21 @@ class _TakenInTurn:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _longest_silent(waiting: list[_Connection]) -> _Connection:
+    """Of connections waiting for a request (longest waiting first), the first that has sent nothing since it
+    began to wait, else the first. By age alone, a scraper that had just connected and sent its request was
+    evicted by a burst of new connections admitted before its request was read."""
+    return next((c for c in waiting if not c.heard_from()), waiting[0])
+
+
+def _crowding(checking: OrderedDict[_Connection, str]) -> _Connection:
+    """Of connections waiting for a password check (oldest first, each with its client's address), the newest
+    from the address with the most of them."""
+    crowds = Counter(checking.values())
+    crowded = max(crowds.values())
+    return next(c for c, peer in reversed(checking.items()) if crowds[peer] == crowded)
 
 
 def _end(connection: _Connection) -> None:

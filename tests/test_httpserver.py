@@ -534,3 +534,111 @@ def test_a_just_connected_scraper_is_not_evicted_by_a_flood_of_silent_connection
         for sock in silent:
             sock.close()
         running.stop()
+
+
+def _non_reader(server: HttpServer, requests: int = 1500) -> socket.socket:
+    """A client that pipelines ``requests`` small answers and never reads one (a 4 KiB receive buffer)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(server.address)
+    sock.sendall(b"GET /render HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+    return sock
+
+
+def test_a_probe_that_just_connected_outlasts_non_readers_renewing_their_connections(slow: Slow) -> None:
+    """Issue 34 #1: with the slots full of pipelining non-readers renewed every 15 s, a /healthz probe that had
+    just connected was the only connection waiting for a request, so the renewed non-readers evicted it (0-21
+    of ~500 probes reset); and until their answers had stalled for ``stalled_write_s`` a new probe got 503.
+    Now a client that pipelines without reading counts as stalled at once, and is evicted before a newcomer."""
+    limits = HttpLimits(max_connections=8, workers=2, stalled_write_s=30, write_timeout_s=60, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits)
+    running.start()
+    greedy = [_non_reader(running) for _ in range(limits.max_connections)]
+    try:
+        time.sleep(0.6)  # every answer stalled, none for stalled_write_s
+        probe = connect(running)  # displaces a non-reader, not refused
+        time.sleep(0.1)
+        greedy += [_non_reader(running) for _ in range(4)]  # renewed: each displaces a non-reader, not the probe
+        time.sleep(0.1)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        probe.settimeout(5)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := probe.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in greedy:
+            sock.close()
+        running.stop()
+
+
+def test_a_probe_that_just_connected_goes_after_guessers_awaiting_their_first_check(slow: Slow) -> None:
+    """Issue 34 #2: connections waiting for their first (slow) password check were evicted only after every
+    connection waiting for a request, so a fresh guesser displaced a probe that had just connected and not yet
+    sent its request. Now a connection waiting less than a second for a request goes last."""
+    release = threading.Event()
+
+    def slow_check(request: Request) -> bool:
+        release.wait(10)  # bcrypt, under a flood of guesses
+        return False
+
+    gate = Gate(
+        quick=lambda r: True if r.path == "/healthz" else None, slow=slow_check, refused=lambda _: Response(status=401)
+    )
+    limits = HttpLimits(max_connections=8, workers=2, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits, gate=gate)
+    running.start()
+    guess = b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Basic Z3Vlc3M6MQ==\r\n\r\n"
+    guessers = [connect(running) for _ in range(limits.max_connections - 1)]
+    try:
+        for sock in guessers:
+            sock.sendall(guess)
+        time.sleep(0.3)  # every one waiting for its check, none failed yet
+        probe = connect(running)
+        time.sleep(0.1)
+        for _ in range(3):
+            guessers.append(connect(running))
+            guessers[-1].sendall(guess)
+        time.sleep(0.1)
+        probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        probe.settimeout(5)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := probe.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
+    finally:
+        release.set()
+        for sock in guessers:
+            sock.close()
+        running.stop()
+
+
+def test_a_newcomer_finding_every_slot_busy_waits_a_moment_for_room_instead_of_a_503(slow: Slow) -> None:
+    """Issue 34 #1: in the moment clients that do not read have every slot, their answers written but not yet
+    stalled for ``stalled_write_s``, a probe got 503 at once. Now it waits up to a second for a slot to free
+    or become evictable."""
+    limits = HttpLimits(max_connections=8, workers=2, stalled_write_s=0.4, write_timeout_s=30)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits)
+    running.start()
+    greedy = []
+    try:
+        for _ in range(limits.max_connections):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(running.address)
+            sock.sendall(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")  # one request, its answer never read
+            greedy.append(sock)
+        time.sleep(0.1)  # every answer stalled, none for stalled_write_s yet
+        began = time.monotonic()
+        status = get(running, "/healthz")[0]
+        waited = time.monotonic() - began
+        assert status == 200
+        assert waited < 1.5  # let in once a non-reader had stalled for stalled_write_s, not at write_timeout
+        assert running.connections <= limits.max_connections
+    finally:
+        for sock in greedy:
+            sock.close()
+        running.stop()
