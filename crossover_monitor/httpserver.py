@@ -167,6 +167,7 @@ class _Connection:
     heard_mark: int = 0  # bytes received when it began waiting for its next request (0: for its first)
     read: int = 0  # bytes taken from the reader
     pipelined: bool = False  # the client sent more after the request being answered, without waiting for it
+    closing: bool = False  # done: waiting for its close to complete
 
     def heard_from(self) -> bool:
         """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
@@ -311,6 +312,7 @@ class HttpServer:
     def _victim(self) -> _Connection | None:
         """The connection a new one displaces when the server is full, the likeliest abuser first; None: none.
 
+        0. one whose conversation is over, waiting for its close to complete (its answer has gone out);
         1. the one that failed the most password checks (a guesser, never a scraper);
         2. one that has waited ``_SETTLED_S`` or more for a request: the longest waiting of those that sent
            nothing since they began (a silent client, an idle kept-alive one), else the longest waiting (slow);
@@ -324,6 +326,9 @@ class HttpServer:
            still displaced, but a probe that sent its request is not, before it could be read (280 renewed
            non-readers reset 0-21 probes of ~500 so, the probes being the only connections waiting).
         """
+        closing = next((c for c in self._connections if c.closing), None)
+        if closing is not None:
+            return closing
         guessing = [c for c in (*self._checking, *self._waiting) if c.failed_checks]
         if guessing:
             return max(guessing, key=lambda c: c.failed_checks)
@@ -404,9 +409,15 @@ class HttpServer:
         finally:
             self._waiting.pop(connection, None)
             self._checking.pop(connection, None)
-            self._connections.discard(connection)
-            if not connection.ended:  # an aborted one has nothing left to send, nor to wait for
-                await self._close(writer)
+            try:
+                if not connection.ended:  # an aborted one has nothing left to send, nor to wait for
+                    # Counted until closed, and the first evicted: a TLS close waits up to 30 s for the client's
+                    # close_notify, which clients that keep the socket open never send (uncounted, 12 such held
+                    # 12 descriptors past a limit of 4).
+                    connection.closing = True
+                    await self._close(writer)
+            finally:
+                self._connections.discard(connection)
 
     async def _start_tls(self, connection: _Connection, context: ssl.SSLContext) -> None:
         """``StreamWriter.start_tls`` (as CPython 3.11-3.13 do it), with ``_TlsProtocol``, and nothing kept after a

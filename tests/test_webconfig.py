@@ -548,3 +548,35 @@ def test_stalled_handshakes_beyond_the_limit_are_evicted_quietly_and_stop_is_qui
     assert "Unhandled exception" not in said
     assert "Task was destroyed but it is pending" not in said
     assert "Traceback" not in said
+
+
+def test_tls_connections_closing_count_against_the_limit_and_go_first(pki: Path, tmp_path: Path) -> None:
+    """Issue 34: a TLS close waits up to 30 s for the client's close_notify, and the connection was no longer
+    counted meanwhile: clients that read their answer and keep the socket open (most never send close_notify)
+    held a descriptor each past the limit (12 past a limit of 4). Now a closing connection counts until closed,
+    and is the first evicted."""
+    limits = HttpLimits(max_connections=4)
+    server = _started_tls_server(pki, tmp_path, limits)
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    descriptors = Path("/proc/self/fd")
+    before = len(list(descriptors.iterdir()))
+    kept: list[ssl.SSLSocket] = []
+    try:
+        for _ in range(3 * limits.max_connections):
+            sock = context.wrap_socket(
+                socket.create_connection(server.address, timeout=10), server_hostname="localhost"
+            )
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"ok\n"):
+                answer += sock.recv(4096)
+            kept.append(sock)  # read, and left open: no close_notify back
+        time.sleep(0.3)
+        servers_side = len(list(descriptors.iterdir())) - before - len(kept)
+        assert servers_side <= limits.max_connections
+        assert server.connections == limits.max_connections  # the newest, still closing
+        assert https_get(server.address[1], "/", pki)[0] == 200  # displaces one of them
+    finally:
+        for sock in kept:
+            sock.close()
+        server.stop()
