@@ -9,11 +9,11 @@ What a client cannot do to it (``HttpLimits``):
 - hold a connection without finishing a request: the whole request head must arrive within
   ``request_timeout`` of the connection (a kept-alive one: within ``idle_timeout`` of the previous
   response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
-- exhaust file descriptors or threads: at most ``max_connections``; a new one beyond that evicts the
-  likeliest abuser (``HttpServer._victim``: a password guesser, a connection silent or slow for a second,
-  a fresh guesser, a non-reader, a just-connected silent one), never a client that has just sent its
-  request; where none may be evicted it waits up to a second for room, then gets 503; handlers run on
-  ``workers`` threads, whatever the number of clients;
+- exhaust file descriptors or threads: at most ``max_connections`` (and 32 more waiting for room); a new one
+  beyond that evicts the likeliest abuser (``HttpServer._victim``: a closing connection, a password guesser, a
+  connection silent or slow for a second, a fresh guesser, a non-reader, a just-connected one that sent no
+  whole request), never a client whose request is here and not yet read; where none may be evicted it waits up
+  to a second for room, then gets 503; handlers run on ``workers`` threads, whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``; nor grow its memory with
   them: a handshake holds a 32 KiB read buffer (not asyncio's 256 KiB), freed as soon as it ends, not left
@@ -170,9 +170,15 @@ class _Connection:
     closing: bool = False  # done: waiting for its close to complete
 
     def heard_from(self) -> bool:
-        """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer."""
-        if self.reader.received > self.heard_mark:
-            return True
+        """Whether the client has sent anything since it began waiting: read, or still in the kernel's buffer.
+        (A TLS client's handshake never reaches the reader: it counts as silent until its request comes.)"""
+        return self.reader.received > self.heard_mark or self._in_kernel()
+
+    def unread(self) -> bool:
+        """Whether the client has sent bytes that the server has not yet read: in the reader or the kernel."""
+        return self.reader.received > self.read or self._in_kernel()
+
+    def _in_kernel(self) -> bool:
         transport = self.writer.transport  # None after a failed TLS handshake (CPython 3.11), see _end
         sock = transport.get_extra_info("socket") if transport is not None else None
         return sock is not None and _socket_count(sock.fileno(), termios.FIONREAD) > 0
@@ -314,17 +320,19 @@ class HttpServer:
 
         0. one whose conversation is over, waiting for its close to complete (its answer has gone out);
         1. the one that failed the most password checks (a guesser, never a scraper);
-        2. one that has waited ``_SETTLED_S`` or more for a request: the longest waiting of those that sent
-           nothing since they began (a silent client, an idle kept-alive one), else the longest waiting (slow);
-        3. one waiting for its first password check (a fresh guesser is likelier than a newcomer): the newest
-           that pipelined requests behind it, else the newest from the address with the most such connections
-           (checks are taken in turn by address, so the oldest is the client that waited longest behind the
-           guessers: a scraper whose right password is not yet known, evicted again and again);
+        2. one that has waited ``_SETTLED_S`` or more for a request (see ``_displaceable``): the longest waiting of
+           those that sent nothing since they began (a silent client, an idle kept-alive one), else of those
+           whose partial head has been read (a slow one);
+        3. a fresh guesser waiting for its first password check (see ``_fresh_guesser``);
         4. one whose answer its client has not acknowledged for ``stalled_write_s``, or for ``_PIPELINED_STALL_S``
-           where the client pipelined requests behind it (one that pipelines and reads acknowledges at once);
-        5. one that has just connected and sent nothing, the longest waiting: a flood of silent connections is
-           still displaced, but a probe that sent its request is not, before it could be read (280 renewed
-           non-readers reset 0-21 probes of ~500 so, the probes being the only connections waiting).
+           where the client pipelined requests behind it (one that pipelines and reads acknowledges within a
+           round trip);
+        5. one that has just connected, the same way: a flood of silent connections, or of one byte each, is
+           displaced too, but not a client whose request is here and not yet read (280 renewed non-readers reset
+           0-21 probes of ~500 so, the probes being the only connections waiting).
+
+        A connection waiting for its only password check (a scraper whose password is not cached yet: after a
+        start or a reload) is not evicted, nor is one whose request is being answered to a client that reads.
         """
         closing = next((c for c in self._connections if c.closing), None)
         if closing is not None:
@@ -333,12 +341,12 @@ class HttpServer:
         if guessing:
             return max(guessing, key=lambda c: c.failed_checks)
         now = self._loop.time()
-        settled = [c for c, since in self._waiting.items() if now - since >= _SETTLED_S]
-        if settled:
-            return _longest_silent(settled)
-        if self._checking:
-            pipelining = [c for c in self._checking if c.pipelined]  # guesses queued behind the check: no scraper
-            return pipelining[-1] if pipelining else _crowding(self._checking)
+        settled = _displaceable([c for c, since in self._waiting.items() if now - since >= _SETTLED_S])
+        if settled is not None:
+            return settled
+        guesser = _fresh_guesser(self._checking)
+        if guesser is not None:
+            return guesser
         stalled = [
             c
             for c in self._connections
@@ -347,7 +355,7 @@ class HttpServer:
         ]
         if stalled:
             return min(stalled, key=lambda c: c.stalled_since or 0.0)
-        return next((c for c in self._waiting if not c.heard_from()), None)
+        return _displaceable(list(self._waiting))
 
     async def _admitted_soon(self, connection: _Connection) -> bool:
         """Admit ``connection``, waiting up to ``_ADMISSION_WAIT_S`` for room if none can be made now (at most
@@ -364,8 +372,10 @@ class HttpServer:
         try:
             deadline = self._loop.time() + _ADMISSION_WAIT_S
             admitted = False
-            while not admitted and self._loop.time() < deadline and self._server.is_serving():
+            while not admitted and self._loop.time() < deadline:
                 await asyncio.sleep(_ADMISSION_POLL_S)
+                if not self._server.is_serving():  # stopping: its slots are freed for no newcomer
+                    break
                 admitted = self._admit(connection)
         except asyncio.CancelledError:  # the server stopping: not admitted, so nothing else ends it
             transport.abort()
@@ -726,19 +736,26 @@ class _TakenInTurn:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _longest_silent(waiting: list[_Connection]) -> _Connection:
+def _displaceable(waiting: list[_Connection]) -> _Connection | None:
     """Of connections waiting for a request (longest waiting first), the first that has sent nothing since it
-    began to wait, else the first. By age alone, a scraper that had just connected and sent its request was
-    evicted by a burst of new connections admitted before its request was read."""
-    return next((c for c in waiting if not c.heard_from()), waiting[0])
+    began to wait, else the first whose partial head has been read; never one whose bytes are here and not yet
+    read, which may be a whole request (by age alone, a scraper that had just connected and sent its request
+    was evicted by a burst of new connections admitted before its request was read)."""
+    return next((c for c in waiting if not c.heard_from()), None) or next((c for c in waiting if not c.unread()), None)
 
 
-def _crowding(checking: OrderedDict[_Connection, str]) -> _Connection:
-    """Of connections waiting for a password check (oldest first, each with its client's address), the newest
-    from the address with the most of them."""
+def _fresh_guesser(checking: OrderedDict[_Connection, str]) -> _Connection | None:
+    """Of connections waiting for their first password check (oldest first, each with its client's address), a
+    guesser's: the newest that pipelined requests behind its check, else the newest from the address with the
+    most checks pending, if that is more than one. Not the oldest: checks are taken in turn by address, so the
+    oldest is the client that waited longest behind the guessers, a scraper whose right password is not yet
+    cached, which was evicted again and again. None where each check is its client's only one."""
+    pipelining = [c for c in checking if c.pipelined]
+    if pipelining:
+        return pipelining[-1]
     crowds = Counter(checking.values())
-    crowded = max(crowds.values())
-    return next(c for c, peer in reversed(checking.items()) if crowds[peer] == crowded)
+    crowded = max(crowds.values(), default=0)
+    return next((c for c, peer in reversed(checking.items()) if crowds[peer] == crowded > 1), None)
 
 
 def _end(connection: _Connection) -> None:

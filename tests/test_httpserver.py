@@ -642,3 +642,60 @@ def test_a_newcomer_finding_every_slot_busy_waits_a_moment_for_room_instead_of_a
         for sock in greedy:
             sock.close()
         running.stop()
+
+
+@contextlib.contextmanager
+def _flood(server: HttpServer, payload: bytes, per_second: float) -> Iterator[None]:
+    """New connections at ``per_second``, each sending ``payload`` (or nothing) and then nothing more."""
+    stop = threading.Event()
+    opened: list[socket.socket] = []
+
+    def open_them() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection(server.address, timeout=2)
+                if payload:
+                    sock.sendall(payload)
+                opened.append(sock)
+            time.sleep(1 / per_second)
+
+    thread = threading.Thread(target=open_them, daemon=True)
+    thread.start()
+    try:
+        time.sleep(1.5)  # every slot taken by the flood, each under a second old
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        for sock in opened:
+            sock.close()
+
+
+@pytest.mark.parametrize(("payload", "who"), [(b"G", "a probe"), (b"", "a scraper whose password is not cached yet")])
+def test_floods_of_newcomers_do_not_keep_out_probes_or_a_scraper_on_its_first_check(
+    slow: Slow, payload: bytes, who: str
+) -> None:
+    """Review of issue 34's eviction order: connections that each sent one byte (a partial head), opened faster
+    than the limit, were never evictable in their first second, so every probe got 503; and a scraper waiting
+    for its only (slow, uncached) password check was evicted before brand-new silent connections. Now a partial
+    head that has been read is evicted like a silent connection, and a client's only pending check is not."""
+
+    def check(request: Request) -> bool:
+        time.sleep(0.15)  # bcrypt
+        return True
+
+    gate = Gate(
+        quick=lambda r: True if r.path == "/healthz" else None, slow=check, refused=lambda _: Response(status=401)
+    )
+    limits = HttpLimits(max_connections=8, workers=2, request_timeout_s=10)
+    running = HttpServer("127.0.0.1", 0, slow, limits=limits, gate=gate)
+    running.start()
+    try:
+        with _flood(running, payload, per_second=60):
+            if payload:
+                answers = [get(running, "/healthz")[0] for _ in range(8)]
+            else:
+                answers = [get(running, "/", Authorization="Basic dTpw")[0] for _ in range(8)]
+        assert answers == [200] * 8, who
+    finally:
+        running.stop()
