@@ -80,13 +80,17 @@ class HostReference:
 
     @staticmethod
     def of(kept: Sequence[HostReference]) -> HostReference | None:
-        """The idle figure of recent sweeps: the median of their medians; as spread, the larger of their
-        typical spread within a sweep and how far their medians move between sweeps (each sweep is its
-        own process, and on a VM a fresh process can run its host side 10-30% slower or faster).
+        """The idle figure of recent sweeps: the first quartile of their medians (the median of fewer than
+        four); as spread, the larger of their typical spread within a sweep and how far their medians move
+        between sweeps (each sweep is its own process, and on a VM a fresh process can run its host side
+        10-30% slower or faster).
 
-        The spread between sweeps is read from the lower half of their medians (twice median less first
-        quartile): a slowed host only ever reads slower, and slowed sweeps in the upper half would widen
-        the allowance until slowed points pass (seen on an H100, 2026-12-06: 10% grew to 26%)."""
+        A slowed host only ever reads slower, so both come from the lower half of the medians. The median of
+        them let slowed sweeps raise the figure: on an H100 (2026-12-06) four sweeps beside co-tenants and two
+        the host slowed itself, of nine, took it from 0.38 to 0.51 ms, and points a 1-thread BLAS job moved
+        1.5-1.7x were judged against it and published. The spread between sweeps is twice median less first
+        quartile: slowed sweeps in the upper half would widen the allowance until slowed points pass (10% grew
+        to 26% on an H100, 2026-12-06)."""
         if not kept:
             return None
         medians = [r.median_s for r in kept]
@@ -94,7 +98,7 @@ class HostReference:
         if len(medians) < 4:  # noqa: PLR2004 - quartiles of fewer say little
             return HostReference(median_s=statistics.median(medians), spread=within)
         q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
-        return HostReference(median_s=median, spread=max(within, relative_iqr(median, 2 * (median - q1))))
+        return HostReference(median_s=q1, spread=max(within, relative_iqr(q1, 2 * (median - q1))))
 
 
 def canonical_device(name: str) -> str:
@@ -606,9 +610,9 @@ class ServiceState:
 
     @property
     def host_baseline(self) -> HostReference | None:
-        """The host reference's idle figure: the medians of recent sweeps' medians and spreads. A neighbour
-        that slows the host for less than half of the kept sweeps cannot move it; a lasting change of the
-        host becomes the new figure once it holds for that long."""
+        """The host reference's idle figure from recent sweeps' medians and spreads (``HostReference.of``). A
+        neighbour that slows the host in fewer than three of four kept sweeps cannot move it past the idle
+        sweeps' readings; a lasting change of the host becomes the new figure once it holds for that long."""
         return HostReference.of(self.host_references)
 
     def count(self, result: SweepResult) -> int:

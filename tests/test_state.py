@@ -178,7 +178,8 @@ def test_a_sweep_the_guard_withheld_whole_is_counted_so_and_does_not_move_the_la
 
 def test_the_store_keeps_each_sweeps_host_reference_and_its_baseline_moves_only_with_most_of_them() -> None:
     """Every sweep's host reference is kept (withheld sweeps too), the last HOST_REFERENCES_KEPT only; the
-    baseline is their median, and its spread the larger of a sweep's own and the medians' between sweeps."""
+    baseline is their first quartile, and its spread the larger of a sweep's own and the medians' between
+    sweeps."""
     _, outcome = sweep_with(lambda _: IDLE)
     assert outcome.snapshot is not None
     store = StateStore()
@@ -197,19 +198,20 @@ def test_the_store_keeps_each_sweeps_host_reference_and_its_baseline_moves_only_
     for median_s in (1.0e-3, 1.1e-3, 0.9e-3):
         record(median_s, 0.02)
     baseline = store.read().host_baseline
-    assert baseline == HostReference(median_s=1.0e-3, spread=0.02)  # too few sweeps for a spread between them
+    assert baseline == HostReference(median_s=1.0e-3, spread=0.02)  # too few sweeps for quartiles
     for median_s in (0.8e-3, 1.2e-3):
         record(median_s, 0.02)
     baseline = store.read().host_baseline
     assert baseline is not None
-    assert baseline.spread == pytest.approx(0.2)  # medians 0.8-1.2 ms: twice (median - first quartile) is 20%
+    assert baseline.median_s == pytest.approx(0.9e-3)  # the first quartile of 0.8-1.2 ms
+    assert baseline.spread == pytest.approx(2 * 0.1 / 0.9)  # twice (median - first quartile), against it
     for _ in range(3):  # three slowed sweeps of eight move the figure a little, and the allowance little
         record(5.0e-3, 0.5, SweepResult.WITHHELD)
     baseline = store.read().host_baseline
     assert baseline is not None
-    assert baseline.median_s == pytest.approx(1.15e-3)
-    # From the lower half: first quartile 0.975 ms, so 30%; the interquartile range would have read 3.5 (350%).
-    assert baseline.spread == pytest.approx(2 * (1.15 - 0.975) / 1.15)
+    assert baseline.median_s == pytest.approx(0.975e-3)
+    # From the lower half: median 1.15 ms, so 36%; the interquartile range would have read 4.1 (410%).
+    assert baseline.spread == pytest.approx(2 * (1.15 - 0.975) / 0.975)
     for _ in range(HOST_REFERENCES_KEPT):
         record(2.0e-3, 0.03)  # a lasting change of the host becomes the figure
     assert store.read().host_references[0] == HostReference(median_s=2.0e-3, spread=0.03)
@@ -226,3 +228,16 @@ def test_a_snapshot_without_a_readable_host_reference_has_none() -> None:
         assert dataclasses.replace(outcome.snapshot, environment=environment).host_reference is None
     good = dataclasses.replace(outcome.snapshot, environment=((HOST_REFERENCE, "0.001"), (HOST_REFERENCE_SPREAD, "0")))
     assert good.host_reference == HostReference(median_s=0.001, spread=0.0)
+
+
+def test_sweeps_beside_co_tenants_do_not_raise_the_host_references_idle_figure() -> None:
+    """The medians of nine sweeps an H100 recorded on 2026-12-06 (benchmarks/results/shared-node-pointwise-h100-
+    2026-12-06d): idle, idle, idle the host slowed, BLAS-4, idle, memory loop, idle, busy core, idle the host
+    slowed. Their median (0.51 ms) was the figure the next sweep, beside a 1-thread BLAS job, was judged
+    against, and points it moved 1.5-1.7x were published; the first quartile stays among the idle readings."""
+    medians_ms = (0.378, 0.385, 0.557, 0.597, 0.415, 0.590, 0.456, 0.507, 0.584)
+    figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.05) for m in medians_ms])
+    assert figure is not None
+    idle_ms = (0.378, 0.385, 0.415, 0.456)
+    assert figure.median_s <= max(idle_ms) * 1e-3
+    assert 0.617 / (figure.median_s * 1e3) > 1.25  # the BLAS-1 sweep's reading: past the widest allowance
