@@ -11,8 +11,8 @@ What a client cannot do to it (``HttpLimits``):
   response), however slowly it trickles in; a silent or slowloris client is closed at that deadline;
 - exhaust file descriptors or threads: at most ``max_connections`` (and 32 more waiting for room); a new one
   beyond that evicts the likeliest abuser (``HttpServer._victim``: a closing connection, a password guesser, a
-  connection silent or slow for a second, a fresh guesser, a non-reader, a just-connected one that sent no
-  whole request), never a client whose request is here and not yet read; where none may be evicted it waits up
+  connection silent or slow for a second, a fresh guesser, a non-reader, the longest waiting of those that
+  waited under a second), never a client whose bytes are here and not yet read; where none may be evicted it waits up
   to a second for room, then gets 503; handlers run on ``workers`` threads, whatever the number of clients;
 - stall others with TLS: handshakes run in the event loop after admission, never on the accept path,
   count against ``max_connections`` and are cut off after ``handshake_timeout``; nor grow its memory with
@@ -320,19 +320,21 @@ class HttpServer:
 
         0. one whose conversation is over, waiting for its close to complete (its answer has gone out);
         1. the one that failed the most password checks (a guesser, never a scraper);
-        2. one that has waited ``_SETTLED_S`` or more for a request (see ``_displaceable``): the longest waiting of
+        2. one that has waited ``_SETTLED_S`` or more for a request (see ``_settled``): the longest waiting of
            those that sent nothing since they began (a silent client, an idle kept-alive one), else of those
-           whose partial head has been read (a slow one);
+           whose partial head has been read (a slow one), never one with bytes here unread;
         3. a fresh guesser waiting for its first password check (see ``_fresh_guesser``);
         4. one whose answer its client has not acknowledged for ``stalled_write_s``, or for ``_PIPELINED_STALL_S``
            where the client pipelined requests behind it (one that pipelines and reads acknowledges within a
            round trip);
-        5. one that has just connected, the same way: a flood of silent connections, or of one byte each, is
-           displaced too, but not a client whose request is here and not yet read (280 renewed non-readers reset
-           0-21 probes of ~500 so, the probes being the only connections waiting).
+        5. one that has waited under ``_SETTLED_S`` (just connected, or a kept-alive one between requests) with
+           nothing unread, the longest waiting (see ``_newest``): a flood of silent connections, or of one byte
+           each, is displaced, newcomers last; never a client whose request is here and not yet read (280
+           renewed non-readers reset 0-21 probes of ~500 so, the probes being the only connections waiting).
 
         A connection waiting for its only password check (a scraper whose password is not cached yet: after a
-        start or a reload) is not evicted, nor is one whose request is being answered to a client that reads.
+        start or a reload) is not evicted unless checks hold half the slots, nor is one whose request is being
+        answered to a client that reads.
         """
         closing = next((c for c in self._connections if c.closing), None)
         if closing is not None:
@@ -341,10 +343,10 @@ class HttpServer:
         if guessing:
             return max(guessing, key=lambda c: c.failed_checks)
         now = self._loop.time()
-        settled = _displaceable([c for c, since in self._waiting.items() if now - since >= _SETTLED_S])
+        settled = _settled([c for c, since in self._waiting.items() if now - since >= _SETTLED_S])
         if settled is not None:
             return settled
-        guesser = _fresh_guesser(self._checking)
+        guesser = _fresh_guesser(self._checking, crowded=2 * len(self._checking) > self._limits.max_connections)
         if guesser is not None:
             return guesser
         stalled = [
@@ -355,7 +357,7 @@ class HttpServer:
         ]
         if stalled:
             return min(stalled, key=lambda c: c.stalled_since or 0.0)
-        return _displaceable(list(self._waiting))
+        return _newest(list(self._waiting))
 
     async def _admitted_soon(self, connection: _Connection) -> bool:
         """Admit ``connection``, waiting up to ``_ADMISSION_WAIT_S`` for room if none can be made now (at most
@@ -736,26 +738,37 @@ class _TakenInTurn:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _displaceable(waiting: list[_Connection]) -> _Connection | None:
-    """Of connections waiting for a request (longest waiting first), the first that has sent nothing since it
-    began to wait, else the first whose partial head has been read; never one whose bytes are here and not yet
-    read, which may be a whole request (by age alone, a scraper that had just connected and sent its request
-    was evicted by a burst of new connections admitted before its request was read)."""
-    return next((c for c in waiting if not c.heard_from()), None) or next((c for c in waiting if not c.unread()), None)
+def _settled(waiting: list[_Connection]) -> _Connection | None:
+    """Of connections that have waited a while for a request (longest waiting first), the first that has sent
+    nothing since it began to wait, else the first whose partial head has been read (see ``_newest``)."""
+    readable = [c for c in waiting if not c.unread()]
+    return next((c for c in readable if not c.heard_from()), readable[0] if readable else None)
 
 
-def _fresh_guesser(checking: OrderedDict[_Connection, str]) -> _Connection | None:
+def _newest(waiting: list[_Connection]) -> _Connection | None:
+    """Of connections that have just begun to wait for a request (longest waiting first), the first that has
+    nothing unread; silent or not, since a client is silent from its accept until its request arrives (a TLS
+    client for its whole handshake), so silent-first would evict real newcomers before a flood that sent a
+    byte each. Never one whose bytes are here and not yet read, which may be a whole request: by age alone, a
+    scraper that had just sent its request was evicted by a burst admitted before its request was read."""
+    return next((c for c in waiting if not c.unread()), None)
+
+
+def _fresh_guesser(checking: OrderedDict[_Connection, str], *, crowded: bool) -> _Connection | None:
     """Of connections waiting for their first password check (oldest first, each with its client's address), a
     guesser's: the newest that pipelined requests behind its check, else the newest from the address with the
     most checks pending, if that is more than one. Not the oldest: checks are taken in turn by address, so the
     oldest is the client that waited longest behind the guessers, a scraper whose right password is not yet
-    cached, which was evicted again and again. None where each check is its client's only one."""
+    cached, which was evicted again and again. None where each check is its client's only one, unless checks
+    hold half the slots (``crowded``: guessers from many addresses, one check each), then the newest."""
     pipelining = [c for c in checking if c.pipelined]
     if pipelining:
         return pipelining[-1]
+    if crowded:
+        return next(reversed(checking), None)
     crowds = Counter(checking.values())
-    crowded = max(crowds.values(), default=0)
-    return next((c for c, peer in reversed(checking.items()) if crowds[peer] == crowded > 1), None)
+    most = max(crowds.values(), default=0)
+    return next((c for c, peer in reversed(checking.items()) if crowds[peer] == most > 1), None)
 
 
 def _end(connection: _Connection) -> None:

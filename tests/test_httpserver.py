@@ -84,6 +84,16 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
     return True
 
 
+def _answer_to(sock: socket.socket) -> bytes:
+    """Everything the server sends on ``sock`` until it closes (a reset ends it too), within 5 s."""
+    sock.settimeout(5)
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(4096):
+            answer += chunk
+    return answer
+
+
 def test_head_gzip_and_not_found(server: HttpServer) -> None:
     """HEAD answers headers only, gzip only when asked and worth it, and an unknown path is 404."""
     status, headers, body = get(server, "/big", "HEAD")
@@ -322,14 +332,8 @@ def test_clients_that_never_read_cannot_keep_others_out(slow: Slow) -> None:
     limits = HttpLimits(max_connections=8, workers=2, stalled_write_s=0.5, write_timeout_s=30)
     running = HttpServer("127.0.0.1", 0, slow, limits=limits)
     running.start()
-    greedy = []
+    greedy = [_non_reader(running, "/huge", requests=20) for _ in range(limits.max_connections)]
     try:
-        for _ in range(limits.max_connections):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(running.address)
-            sock.sendall(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n" * 20)  # pipelined, and never read
-            greedy.append(sock)
         time.sleep(limits.stalled_write_s + 0.5)
         assert running.connections == limits.max_connections
         answers = [get(running, "/")[0] for _ in range(4)]
@@ -368,14 +372,8 @@ def test_pipelining_clients_that_never_read_cannot_hold_slots_the_kernel_buffers
     limits = HttpLimits(max_connections=12, workers=2, stalled_write_s=0.3, write_timeout_s=30)
     running = HttpServer("127.0.0.1", 0, slow, limits=limits)
     running.start()
-    greedy = []
+    greedy = [_non_reader(running) for _ in range(limits.max_connections + 4)]  # 3 MB of answers, never read
     try:
-        for _ in range(limits.max_connections + 4):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(running.address)
-            sock.sendall(b"GET /render HTTP/1.1\r\nHost: x\r\n\r\n" * 1500)  # 3 MB of answers, never read
-            greedy.append(sock)
         time.sleep(1.0)  # working through them all would take the handlers over 10 s
         answers = []
         for _ in range(10):
@@ -523,11 +521,7 @@ def test_a_just_connected_scraper_is_not_evicted_by_a_flood_of_silent_connection
         silent.append(scraper)
         scraper.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         silent += [connect(running) for _ in range(2 * limits.max_connections)]
-        scraper.settimeout(5)
-        answer = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := scraper.recv(4096):
-                answer += chunk
+        answer = _answer_to(scraper)
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
         assert running.connections <= limits.max_connections
     finally:
@@ -536,12 +530,12 @@ def test_a_just_connected_scraper_is_not_evicted_by_a_flood_of_silent_connection
         running.stop()
 
 
-def _non_reader(server: HttpServer, requests: int = 1500) -> socket.socket:
-    """A client that pipelines ``requests`` small answers and never reads one (a 4 KiB receive buffer)."""
+def _non_reader(server: HttpServer, path: str = "/render", requests: int = 1500) -> socket.socket:
+    """A client that pipelines ``requests`` of ``path`` and never reads an answer (a 4 KiB receive buffer)."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(server.address)
-    sock.sendall(b"GET /render HTTP/1.1\r\nHost: x\r\n\r\n" * requests)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * requests)
     return sock
 
 
@@ -561,11 +555,7 @@ def test_a_probe_that_just_connected_outlasts_non_readers_renewing_their_connect
         greedy += [_non_reader(running) for _ in range(4)]  # renewed: each displaces a non-reader, not the probe
         time.sleep(0.1)
         probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        probe.settimeout(5)
-        answer = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := probe.recv(4096):
-                answer += chunk
+        answer = _answer_to(probe)
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
         assert running.connections <= limits.max_connections
     finally:
@@ -603,11 +593,7 @@ def test_a_probe_that_just_connected_goes_after_guessers_awaiting_their_first_ch
             guessers[-1].sendall(guess)
         time.sleep(0.1)
         probe.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        probe.settimeout(5)
-        answer = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := probe.recv(4096):
-                answer += chunk
+        answer = _answer_to(probe)
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:100]
     finally:
         release.set()
@@ -623,14 +609,8 @@ def test_a_newcomer_finding_every_slot_busy_waits_a_moment_for_room_instead_of_a
     limits = HttpLimits(max_connections=8, workers=2, stalled_write_s=0.4, write_timeout_s=30)
     running = HttpServer("127.0.0.1", 0, slow, limits=limits)
     running.start()
-    greedy = []
+    greedy = [_non_reader(running, "/huge", requests=1) for _ in range(limits.max_connections)]
     try:
-        for _ in range(limits.max_connections):
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(running.address)
-            sock.sendall(b"GET /huge HTTP/1.1\r\nHost: x\r\n\r\n")  # one request, its answer never read
-            greedy.append(sock)
         time.sleep(0.1)  # every answer stalled, none for stalled_write_s yet
         began = time.monotonic()
         status = get(running, "/healthz")[0]
