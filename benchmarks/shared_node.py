@@ -482,6 +482,8 @@ def cotenant_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "idle_with_a_device_withheld": sum(1 for s in idle if any("point" not in w for w in s.get("withheld", []))),
         # Points withheld alone (issue 32): how many per idle sweep, and which.
         "idle_points_withheld": [[w["point"] for w in s.get("withheld", []) if "point" in w] for s in idle],
+        # What the host did in each sweep, in order: a host that slows itself (steal) shows here, not as a shape.
+        "host": [{"shape": r["shape"], **host_readings(r["service"])} for r in rows],
         "shapes": [],
     }
     for row in rows:
@@ -508,6 +510,18 @@ def cotenant_report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+def host_readings(service: dict[str, Any]) -> dict[str, float | None]:
+    """A sweep's host reference (its median, ms) and, where its CPU was timed, the other work and steal on the
+    host's cores meanwhile (the CPU's hardware context; none where the CPU was withheld whole)."""
+    reference = service.get("environment", {}).get("host_reference_s")
+    cpu = next((h for h in service.get("hardware") or [] if h.get("device") == "cpu"), {})
+    return {
+        "reference_ms": round(float(reference) * 1e3, 3) if reference else None,
+        "other_cores": cpu.get("other_cpu_cores"),
+        "steal_cores": cpu.get("cpu_steal_cores"),
+    }
+
+
 def print_cotenant_report(report: dict[str, Any]) -> None:
     print(
         f"idle sweeps: {report['idle_sweeps']}, with anything withheld: {report['idle_with_anything_withheld']}, "
@@ -515,6 +529,13 @@ def print_cotenant_report(report: dict[str, Any]) -> None:
     )
     for points in report.get("idle_points_withheld", []):
         print(f"  idle sweep's points withheld alone: {points or 'none'}")
+    for sweep_ in report.get("host", []):
+        cores = [
+            f"{sweep_[k]:.2f} {k.removesuffix('_cores')}"
+            for k in ("other_cores", "steal_cores")
+            if sweep_[k] is not None
+        ]
+        print(f"  host in the {sweep_['shape']} sweep: reference {sweep_['reference_ms']} ms {', '.join(cores)}")
     for shape in report["shapes"]:
         withheld = (
             "; ".join(f"{w.get('point', w['device'])} {w['reason']}: {w['detail']}" for w in shape["withheld"])

@@ -118,3 +118,13 @@ def test_footprint_measures_one_sweep_of_the_fake_backend(tmp_path: Path) -> Non
     (first,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert first["phase"] == "first-sweep"
     assert first["daemon_rss_mib"] > 0
+
+
+def test_shared_node_reports_a_recorded_cotenant_run_with_the_host_of_each_sweep() -> None:
+    """shared_node.py --report reads a recorded cotenants phase: each shape against the idle range, and what the
+    host did in each sweep (the reference, other work, steal), where a host that slowed itself shows."""
+    recorded = BENCHMARKS / "results" / "shared-node-pointwise-h100-2026-12-06d.json"
+    result = _run(BENCHMARKS / "shared_node.py", "--report", recorded)
+    assert result.returncode == 0, result.stderr
+    assert "blas1: partial, 17 points published" in result.stdout
+    assert "host in the idle sweep: reference 0.584 ms 0.98 other, 1.05 steal" in result.stdout
