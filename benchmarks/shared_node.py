@@ -514,7 +514,7 @@ def host_readings(service: dict[str, Any]) -> dict[str, float | None]:
     """A sweep's host reference (its median, ms) and, where its CPU was timed, the other work and steal on the
     host's cores meanwhile (the CPU's hardware context; none where the CPU was withheld whole)."""
     reference = service.get("environment", {}).get("host_reference_s")
-    cpu = next((h for h in service.get("hardware") or [] if h.get("device") == "cpu"), {})
+    cpu: dict[str, Any] = next((h for h in service.get("hardware") or [] if h.get("device") == "cpu"), {})
     return {
         "reference_ms": round(float(reference) * 1e3, 3) if reference else None,
         "other_cores": cpu.get("other_cpu_cores"),
