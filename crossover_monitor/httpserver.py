@@ -328,7 +328,7 @@ class HttpServer:
            where the client pipelined requests behind it (one that pipelines and reads acknowledges within a
            round trip);
         5. one that has waited under ``_SETTLED_S`` (just connected, or a kept-alive one between requests) with
-           nothing unread, the longest waiting (see ``_newest``): a flood of silent connections, or of one byte
+           nothing unread, the longest waiting (see ``_newcomer``): a flood of silent connections, or of one byte
            each, is displaced, newcomers last; never a client whose request is here and not yet read (280
            renewed non-readers reset 0-21 probes of ~500 so, the probes being the only connections waiting).
 
@@ -357,7 +357,7 @@ class HttpServer:
         ]
         if stalled:
             return min(stalled, key=lambda c: c.stalled_since or 0.0)
-        return _newest(list(self._waiting))
+        return _newcomer(list(self._waiting))
 
     async def _admitted_soon(self, connection: _Connection) -> bool:
         """Admit ``connection``, waiting up to ``_ADMISSION_WAIT_S`` for room if none can be made now (at most
@@ -740,12 +740,12 @@ class _TakenInTurn:
 
 def _settled(waiting: list[_Connection]) -> _Connection | None:
     """Of connections that have waited a while for a request (longest waiting first), the first that has sent
-    nothing since it began to wait, else the first whose partial head has been read (see ``_newest``)."""
+    nothing since it began to wait, else the first whose partial head has been read (see ``_newcomer``)."""
     readable = [c for c in waiting if not c.unread()]
     return next((c for c in readable if not c.heard_from()), readable[0] if readable else None)
 
 
-def _newest(waiting: list[_Connection]) -> _Connection | None:
+def _newcomer(waiting: list[_Connection]) -> _Connection | None:
     """Of connections that have just begun to wait for a request (longest waiting first), the first that has
     nothing unread; silent or not, since a client is silent from its accept until its request arrives (a TLS
     client for its whole handshake), so silent-first would evict real newcomers before a flood that sent a
