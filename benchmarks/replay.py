@@ -66,10 +66,13 @@ Served = dict[CrossoverKey, ServedCrossover]  # every crossover the service serv
 
 
 def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutcome]:
-    """Sweeps from ``once --json`` files, or from gpu_proof.py JSON lines (``PATH:LABEL`` picks a label).
+    """Sweeps from ``once --json`` files, from gpu_proof.py JSON lines, or from a shared_node.py run
+    (``PATH:LABEL`` picks a label; shared_node's labels are ``idle`` and its co-tenant shapes).
 
     Sweeps that withheld a device are left out unless ``keep_withheld``: the service serves the
     previous crossover again after them, which would flatter both the coverage and the false alerts.
+    Sweeps that withheld points alone (``host_slowed``) are kept: the service serves what they derived
+    without those points, and that is what the replay is to judge.
     """
     found: list[SweepOutcome] = []
     for spec in specs:
@@ -78,9 +81,17 @@ def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutc
         if path.endswith(".jsonl"):
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
             found += [read_json(r["once"]) for r in rows if "once" in r and r.get("label") == (label or "idle")]
+        elif "cotenants" in (data := json.loads(text)) or "idle" in data:  # shared_node.py --out
+            rows = [{"shape": "idle", **r} for r in data.get("idle", [])] + data.get("cotenants", [])
+            found += [read_json(r["service"]["once"]) for r in rows if r["shape"] == (label or "idle")]
         else:
-            found.append(read_json(json.loads(text)))
-    return [o for o in found if keep_withheld or (o.snapshot is not None and not o.snapshot.withheld)]
+            found.append(read_json(data))
+    return [o for o in found if keep_withheld or (o.snapshot is not None and not _device_withheld(o))]
+
+
+def _device_withheld(outcome: SweepOutcome) -> bool:
+    assert outcome.snapshot is not None
+    return any(w.whole_device for w in outcome.snapshot.withheld)
 
 
 @functools.cache
@@ -88,8 +99,10 @@ def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
     """The sweep's crossovers as the current code derives them (the same every time: its resampling is seeded)."""
     snapshot = outcome.snapshot
     assert snapshot is not None
-    fresh = crossovers(snapshot.devices, snapshot.measurements)
-    return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD))
+    gaps = [w.point for w in snapshot.withheld if not w.whole_device]
+    fresh = crossovers(snapshot.devices, snapshot.measurements, gaps)
+    derived = {c.key for c in fresh}
+    return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD and c.key not in derived))
 
 
 def at(outcome: SweepOutcome, started: float) -> SweepOutcome:

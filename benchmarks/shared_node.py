@@ -49,6 +49,7 @@ from crossover_monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from crossover_monitor.crossover import find_crossover  # noqa: E402
 from crossover_monitor.model import MODES, HostReference  # noqa: E402
 from crossover_monitor.protocol import Plan  # noqa: E402
+from crossover_monitor.report import render_json  # noqa: E402
 from crossover_monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
 from crossover_monitor.state import HOST_REFERENCES_KEPT  # noqa: E402
 from crossover_monitor.sweep import run_sweep  # noqa: E402
@@ -149,6 +150,8 @@ def sweep(
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     snapshot = outcome.snapshot
     result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
+    # The whole sweep as `once --json` prints it, so that replay.py can draw it (PATH.json:SHAPE).
+    result["once"] = json.loads(render_json(outcome))
     if snapshot is None:
         return result
     if snapshot.host_reference is not None:

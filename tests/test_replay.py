@@ -7,10 +7,16 @@ rules over the simulated days. Longer runs, and their figures, are benchmarks/re
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import sys
+from pathlib import Path
 
 import pytest
 
+from crossover_monitor.model import CrossoverState, PointKey, Withheld, WithheldReason
+from crossover_monitor.report import render_json
 from tests.conftest import REPO, tool
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -106,3 +112,47 @@ def test_the_same_recorded_sweep_drawn_twice_as_recorded_serves_two_fresh_crosso
         assert [s[key].derived_at for s in today] == [served.derived_at, second[key].derived_at]
     for mode in {key[4] for key in recorded}:
         assert replay.coverage([first, second], mode)[1] == 1, mode
+
+
+def test_a_sweep_that_withheld_points_alone_is_drawn_and_derives_without_them(tmp_path: Path) -> None:
+    """A sweep whose host slowed some points (withheld alone, host_slowed) is what the service serves from, so
+    the replay keeps it, as a shared_node.py run records it, and derives its crossovers without those points:
+    a gap beside n* withholds that crossover, as the service does. A sweep that withheld a device stays out.
+    """
+    (sweep, *_) = replay.load([str(TORCH)])
+    snapshot = sweep.snapshot
+    assert snapshot is not None
+    found = {c.key: c for c in replay._derived(sweep)}
+    crossing = next(c for c in found.values() if c.state is CrossoverState.FOUND and c.mode == "compute")
+    sizes = sorted({m.key.size for m in snapshot.measurements if m.key.device == crossing.gpu and m.role == "sweep"})
+    beside = min(sizes, key=lambda n: abs(math.log(n / (crossing.size or 1))))  # the size nearest n*
+    point = PointKey(
+        backend=crossing.backend, device=crossing.gpu, dtype=crossing.dtype, mode=crossing.mode, size=beside
+    )
+    slowed = dataclasses.replace(
+        snapshot,
+        measurements=tuple(m for m in snapshot.measurements if m.key != point),
+        withheld=(
+            Withheld(
+                backend=crossing.backend,
+                device=crossing.gpu,
+                reason=WithheldReason.HOST_SLOWED,
+                detail="the host ran 1.5x slower than its idle reference",
+                point=point,
+            ),
+        ),
+    )
+    whole_cpu = Withheld(backend=crossing.backend, device="cpu", reason=WithheldReason.CPU_CONTENDED, detail="2 cores")
+    device = dataclasses.replace(slowed, withheld=(whole_cpu,))
+    rows = [
+        {"shape": shape, "service": {"once": json.loads(render_json(dataclasses.replace(sweep, snapshot=s)))}}
+        for shape, s in (("steal", slowed), ("steal", device), ("idle", snapshot))
+    ]
+    recorded = tmp_path / "shared-node.json"
+    recorded.write_text(json.dumps({"idle": [], "cotenants": rows}))
+    (drawn,) = replay.load([f"{recorded}:steal"])  # the device-withheld sweep left out
+    assert len(replay.load([f"{recorded}:steal"], keep_withheld=True)) == 2
+    assert len(replay.load([str(recorded)])) == 1  # the idle label by default
+    again = {c.key: c for c in replay._derived(drawn)}
+    assert again.keys() == found.keys()
+    assert again[crossing.key].state is CrossoverState.WITHHELD, again[crossing.key]
