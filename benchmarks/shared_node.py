@@ -424,15 +424,19 @@ QUOTA_GROUP = Path("/sys/fs/cgroup/crossover-monitor-quota")
 
 
 class _Quota:
-    """This process (and so the worker it spawns) under a cgroup v2 CPU quota of ``cores``: time taken
-    from the worker's threads that no other process of the guest uses (a stand-in for steal)."""
+    """This process (and so the worker it spawns) under a cgroup v2 CPU quota of ``cores`` per period of
+    ``period_ms``: time taken from the worker's threads that no other process of the guest uses (a stand-in
+    for steal). Below one core with a short period it slows even a lone thread (the GPU's dispatch) in
+    slices of a few milliseconds, as a hypervisor that takes a vCPU does."""
 
-    def __init__(self, cores: float) -> None:
-        self.cores = cores
+    def __init__(self, shape: str) -> None:  # "quota<cores>[@<period ms>]", e.g. quota8, quota0.7@10
+        cores, _, period_ms = shape.removeprefix("quota").partition("@")
+        self.period_us = int(float(period_ms or 100) * 1000)
+        self.quota_us = int(float(cores or 8) * self.period_us)
 
     def __enter__(self) -> None:
         QUOTA_GROUP.mkdir(exist_ok=True)
-        (QUOTA_GROUP / "cpu.max").write_text(f"{int(self.cores * 100_000)} 100000\n")
+        (QUOTA_GROUP / "cpu.max").write_text(f"{self.quota_us} {self.period_us}\n")
         (QUOTA_GROUP / "cgroup.procs").write_text(f"{os.getpid()}\n")
 
     def __exit__(self, *exc: object) -> None:
@@ -459,7 +463,7 @@ def cotenant_phase(args: argparse.Namespace, results: dict[str, Any], save: Call
         # "<shape>-unguarded": the same co-tenant with the guard off, to see what the guard withheld beside it.
         base, guarded = shape.removesuffix("-unguarded"), not shape.endswith("-unguarded")
         if base.startswith("quota"):
-            with _Quota(float(base.removeprefix("quota") or 8)):
+            with _Quota(base):
                 service = sweep(args, guarded=guarded)
         else:  # the co-tenant at full speed first
             service = sweep_beside(args, co_tenant(base), settle_s=2, guarded=guarded)
@@ -627,7 +631,8 @@ def main() -> None:
     parser.add_argument(
         "--shapes",
         default="blas1,blas4,blas8,membw,spin8,core1,quota8",
-        help="cotenants: the co-tenant shapes (quotaN: the worker under a quota of N cores; a -unguarded suffix "
+        help="cotenants: the co-tenant shapes (quotaN[@MS]: the worker under a quota of N cores per MS ms, 100 "
+        "by default; a -unguarded suffix "
         "sweeps beside that shape with the guard off, to show what it withheld)",
     )
     parser.add_argument("--devices", help="the service's devices, comma-separated (default: every device)")
