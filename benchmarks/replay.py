@@ -99,7 +99,7 @@ def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
     """The sweep's crossovers as the current code derives them (the same every time: its resampling is seeded)."""
     snapshot = outcome.snapshot
     assert snapshot is not None
-    gaps = [w.point for w in snapshot.withheld if not w.whole_device]
+    gaps = [w.point for w in snapshot.withheld if w.point is not None]
     fresh = crossovers(snapshot.devices, snapshot.measurements, gaps)
     derived = {c.key for c in fresh}
     return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD and c.key not in derived))
