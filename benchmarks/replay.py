@@ -81,12 +81,20 @@ def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutc
         if path.endswith(".jsonl"):
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
             found += [read_json(r["once"]) for r in rows if "once" in r and r.get("label") == (label or "idle")]
-        elif "cotenants" in (data := json.loads(text)) or "idle" in data:  # shared_node.py --out
-            rows = [{"shape": "idle", **r} for r in data.get("idle", [])] + data.get("cotenants", [])
-            found += [read_json(r["service"]["once"]) for r in rows if r["shape"] == (label or "idle")]
+        elif "snapshot" not in (data := json.loads(text)) and ("cotenants" in data or "idle" in data):
+            found += _shared_node_sweeps(path, data, label or "idle")
         else:
             found.append(read_json(data))
     return [o for o in found if keep_withheld or (o.snapshot is not None and not _device_withheld(o))]
+
+
+def _shared_node_sweeps(path: str, data: dict[str, Any], label: str) -> list[SweepOutcome]:
+    """A shared_node.py --out file's sweeps of one label (``idle`` or a co-tenant shape)."""
+    rows = [{"shape": "idle", **r} for r in data.get("idle", [])] + data.get("cotenants", [])
+    chosen = [r["service"] for r in rows if r["shape"] == label]
+    if any("once" not in service for service in chosen):
+        sys.exit(f"{path}: recorded before shared_node.py kept each sweep's once --json; it cannot be replayed")
+    return [read_json(service["once"]) for service in chosen]
 
 
 def _device_withheld(outcome: SweepOutcome) -> bool:
@@ -99,7 +107,9 @@ def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
     """The sweep's crossovers as the current code derives them (the same every time: its resampling is seeded)."""
     snapshot = outcome.snapshot
     assert snapshot is not None
-    gaps = [w.point for w in snapshot.withheld if w.point is not None]
+    # As the service: only configured sizes leave a gap (the n = 1 fixed-cost point's withholding does not).
+    configured = {m.key.size for m in snapshot.measurements if m.role == "sweep"}
+    gaps = [w.point for w in snapshot.withheld if w.point is not None and w.point.size in configured]
     fresh = crossovers(snapshot.devices, snapshot.measurements, gaps)
     derived = {c.key for c in fresh}
     return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD and c.key not in derived))

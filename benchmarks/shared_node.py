@@ -421,6 +421,7 @@ CO_TENANTS = {  # programs that share the node: (code, processes)
     "core1": ("import os; os.sched_setaffinity(0, {0})\nwhile True: pass", 1),
 }
 QUOTA_GROUP = Path("/sys/fs/cgroup/crossover-monitor-quota")
+CGROUP_CPU_MAX_LEAST_US = 1000  # cpu.max refuses a quota or a period below this
 
 
 class _Quota:
@@ -433,6 +434,8 @@ class _Quota:
         cores, _, period_ms = shape.removeprefix("quota").partition("@")
         self.period_us = int(float(period_ms or 100) * 1000)
         self.quota_us = int(float(cores or 8) * self.period_us)
+        if min(self.period_us, self.quota_us) < CGROUP_CPU_MAX_LEAST_US:
+            sys.exit(f"{shape}: cgroup v2 takes a quota and a period of at least 1 ms each (got {self.quota_us} us)")
 
     def __enter__(self) -> None:
         QUOTA_GROUP.mkdir(exist_ok=True)

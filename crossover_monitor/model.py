@@ -93,17 +93,26 @@ class HostReference:
         in the others, the figure rose to 0.59 ms, and an idle sweep 1.43x slower than the fast ones published
         a compute n* of 175 against 133-134 (replayed: false drift alerts in 7 of 10 months). The lower decile
         lets a lasting change in once nine sweeps in ten read it (about a day at the default schedule).
-        The spread between sweeps is twice median less first quartile: slowed sweeps in the upper half would
-        widen the allowance until slowed points pass (10% grew to 26% on an H100, 2026-12-06)."""
+        The spread between sweeps is read from the lower half too, against the figure (the first quartile less
+        the figure, and twice median less first quartile): slowed sweeps in the upper half would widen the
+        allowance until slowed points pass (10% grew to 26% on an H100, 2026-12-06). On a host whose sweeps
+        differ by a few percent between processes it is about twice the distance from the figure to a typical
+        sweep, which keeps typical sweeps inside the allowance; one sweep that read fast among four to seven
+        is the fast state of a host that slows, or a process that ran fast, and the allowance (at most 25%)
+        takes sweeps up to 1.25x of it."""
         if not kept:
             return None
         medians = [r.median_s for r in kept]
         within = statistics.median(r.spread for r in kept)
         if len(medians) < 4:  # noqa: PLR2004 - quantiles of fewer say little
             return HostReference(median_s=statistics.median(medians), spread=within)
-        lower_decile = statistics.quantiles(medians, n=10, method="inclusive")[0]
+        figure = statistics.quantiles(medians, n=10, method="inclusive")[0]
         q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
-        return HostReference(median_s=lower_decile, spread=max(within, relative_iqr(q1, 2 * (median - q1))))
+        # From the lower half, against the figure: how far a typical sweep reads above it, plus as much again
+        # above the first quartile, so that a host whose sweeps move apart between processes is allowed as
+        # far past its typical reading as with the first quartile for a figure.
+        between = (q1 - figure) + 2 * (median - q1)
+        return HostReference(median_s=figure, spread=max(within, relative_iqr(figure, between)))
 
 
 def canonical_device(name: str) -> str:

@@ -129,8 +129,16 @@ def test_a_sweep_that_withheld_points_alone_is_drawn_and_derives_without_them(tm
     point = PointKey(
         backend=crossing.backend, device=crossing.gpu, dtype=crossing.dtype, mode=crossing.mode, size=beside
     )
+    # As the service recorded it: the crossover the gap could move withheld.
+    recorded = tuple(
+        dataclasses.replace(c, state=CrossoverState.WITHHELD, size=None, ci_lower=None, ci_upper=None)
+        if c.key == crossing.key
+        else c
+        for c in snapshot.crossovers
+    )
     slowed = dataclasses.replace(
         snapshot,
+        crossovers=recorded,
         measurements=tuple(m for m in snapshot.measurements if m.key != point),
         withheld=(
             Withheld(
@@ -148,11 +156,13 @@ def test_a_sweep_that_withheld_points_alone_is_drawn_and_derives_without_them(tm
         {"shape": shape, "service": {"once": json.loads(render_json(dataclasses.replace(sweep, snapshot=s)))}}
         for shape, s in (("steal", slowed), ("steal", device), ("idle", snapshot))
     ]
-    recorded = tmp_path / "shared-node.json"
-    recorded.write_text(json.dumps({"idle": [], "cotenants": rows}))
-    (drawn,) = replay.load([f"{recorded}:steal"])  # the device-withheld sweep left out
-    assert len(replay.load([f"{recorded}:steal"], keep_withheld=True)) == 2
-    assert len(replay.load([str(recorded)])) == 1  # the idle label by default
-    again = {c.key: c for c in replay._derived(drawn)}
+    run = tmp_path / "shared-node.json"
+    run.write_text(json.dumps({"idle": [], "cotenants": rows}))
+    (drawn,) = replay.load([f"{run}:steal"])  # the device-withheld sweep left out
+    assert len(replay.load([f"{run}:steal"], keep_withheld=True)) == 2
+    assert len(replay.load([str(run)])) == 1  # the idle label by default
+    derived = replay._derived(drawn)
+    again = {c.key: c for c in derived}
     assert again.keys() == found.keys()
+    assert len(derived) == len(found)  # the recorded withheld crossover not served a second time
     assert again[crossing.key].state is CrossoverState.WITHHELD, again[crossing.key]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor import history as history_module
+from crossover_monitor.bench.guard import _SPREAD_ALLOWANCE_AT_MOST, _SPREADS_ALLOWED
 from crossover_monitor.history import FILE_NAME, RunHistory
 from crossover_monitor.model import (
     HOST_REFERENCE,
@@ -21,7 +22,7 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
-from crossover_monitor.settings import BenchmarkSettings, Settings
+from crossover_monitor.settings import BenchmarkSettings, GuardSettings, Settings
 from crossover_monitor.state import HOST_REFERENCES_KEPT, StateStore
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import wait_until
@@ -204,14 +205,16 @@ def test_the_store_keeps_each_sweeps_host_reference_and_its_baseline_moves_only_
     baseline = store.read().host_baseline
     assert baseline is not None
     assert baseline.median_s == pytest.approx(0.84e-3)  # the lower decile of 0.8-1.2 ms
-    assert baseline.spread == pytest.approx(2 * 0.1 / 0.9)  # twice (median - first quartile), against that
+    # From the figure to the first quartile, and twice on to the median: (0.06 + 0.2) / 0.84.
+    assert baseline.spread == pytest.approx((0.06 + 2 * 0.1) / 0.84)
     for _ in range(3):  # three slowed sweeps of eight move the figure a little, and the allowance little
         record(5.0e-3, 0.5, SweepResult.WITHHELD)
     baseline = store.read().host_baseline
     assert baseline is not None
     assert baseline.median_s == pytest.approx(0.87e-3)
-    # From the lower half: median 1.15 ms, so 36%; the interquartile range would have read 4.1 (410%).
-    assert baseline.spread == pytest.approx(2 * (1.15 - 0.975) / 0.975)
+    # From the lower half: first quartile 0.975 ms, median 1.15 ms, so 52%; the interquartile range would have
+    # read 4.1 (410%).
+    assert baseline.spread == pytest.approx(((0.975 - 0.87) + 2 * (1.15 - 0.975)) / 0.87)
     for _ in range(HOST_REFERENCES_KEPT):
         record(2.0e-3, 0.03)  # a lasting change of the host becomes the figure
     assert store.read().host_references[0] == HostReference(median_s=2.0e-3, spread=0.03)
@@ -259,3 +262,15 @@ def test_a_host_slow_for_most_of_a_stretch_does_not_become_the_idle_figure() -> 
     steady = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.05) for m in steady_ms])
     assert steady is not None
     assert max(steady_ms) / (steady.median_s * 1e3) < 1.02
+
+
+@pytest.mark.parametrize("kept", [5, 6, 7, 12, 40])
+def test_a_typical_sweep_stays_inside_the_allowance_when_one_sweep_read_fast(kept: int) -> None:
+    """One sweep of a few that read 0.7x (a fresh process that ran fast, or the fast state of a host that slows):
+    the figure sits near it, and the allowance, read against the figure, still takes the typical sweeps; with
+    the spread read against the first quartile they would read 1.14-1.22x against an allowance of 10%."""
+    medians_ms = (0.7, *[1.0] * (kept - 1))
+    figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.02) for m in medians_ms])
+    assert figure is not None
+    allowed = max(GuardSettings().host_max_slowdown, min(_SPREADS_ALLOWED * figure.spread, _SPREAD_ALLOWANCE_AT_MOST))
+    assert 1.0 / (figure.median_s * 1e3) - 1 <= allowed
