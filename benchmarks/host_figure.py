@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crossover_monitor.bench.guard import _SPREAD_ALLOWANCE_AT_MOST, _SPREADS_ALLOWED
+from crossover_monitor.bench.guard import host_allowance
 from crossover_monitor.model import HostReference
 from crossover_monitor.settings import GuardSettings
 
@@ -28,7 +28,7 @@ QUARTILES_FROM = 4  # HostReference.of: fewer sweeps give their median
 
 
 def first_quartile(kept: list[HostReference]) -> HostReference:
-    """The figure of 1ed9868..0f3d5c8: the first quartile, its spread twice median less it."""
+    """The figure from 1ed9868 until 03450f0: the first quartile, its spread twice median less it, against it."""
     medians = [r.median_s for r in kept]
     within = statistics.median(r.spread for r in kept)
     if len(medians) < QUARTILES_FROM:
@@ -38,7 +38,7 @@ def first_quartile(kept: list[HostReference]) -> HostReference:
 
 
 def judged(median_s: float, figure: HostReference) -> tuple[float, bool]:
-    allowed = max(GuardSettings().host_max_slowdown, min(_SPREADS_ALLOWED * figure.spread, _SPREAD_ALLOWANCE_AT_MOST))
+    allowed = host_allowance(GuardSettings().host_max_slowdown, figure.spread)
     ratio = median_s / figure.median_s
     return ratio, ratio - 1 > allowed
 

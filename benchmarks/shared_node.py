@@ -435,7 +435,9 @@ class _Quota:
         self.period_us = int(float(period_ms or 100) * 1000)
         self.quota_us = int(float(cores or 8) * self.period_us)
         if min(self.period_us, self.quota_us) < CGROUP_CPU_MAX_LEAST_US:
-            sys.exit(f"{shape}: cgroup v2 takes a quota and a period of at least 1 ms each (got {self.quota_us} us)")
+            sys.exit(
+                f"{shape}: cgroup v2 takes a quota and a period of at least 1 ms each (got {self.quota_us} us per {self.period_us} us)"
+            )
 
     def __enter__(self) -> None:
         QUOTA_GROUP.mkdir(exist_ok=True)

@@ -625,8 +625,8 @@ class ServiceState:
     @property
     def host_baseline(self) -> HostReference | None:
         """The host reference's idle figure from recent sweeps' medians and spreads (``HostReference.of``). A
-        neighbour that slows the host in fewer than three of four kept sweeps cannot move it past the idle
-        sweeps' readings; a lasting change of the host becomes the new figure once it holds for that long."""
+        neighbour, or the host itself, slowing it in fewer than nine of ten kept sweeps cannot move it past the
+        fast sweeps' readings; a lasting change of the host becomes the new figure once it holds for that long."""
         return HostReference.of(self.host_references)
 
     def count(self, result: SweepResult) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor import history as history_module
-from crossover_monitor.bench.guard import _SPREAD_ALLOWANCE_AT_MOST, _SPREADS_ALLOWED
+from crossover_monitor.bench.guard import host_allowance
 from crossover_monitor.history import FILE_NAME, RunHistory
 from crossover_monitor.model import (
     HOST_REFERENCE,
@@ -272,5 +272,5 @@ def test_a_typical_sweep_stays_inside_the_allowance_when_one_sweep_read_fast(kep
     medians_ms = (0.7, *[1.0] * (kept - 1))
     figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.02) for m in medians_ms])
     assert figure is not None
-    allowed = max(GuardSettings().host_max_slowdown, min(_SPREADS_ALLOWED * figure.spread, _SPREAD_ALLOWANCE_AT_MOST))
+    allowed = host_allowance(GuardSettings().host_max_slowdown, figure.spread)
     assert 1.0 / (figure.median_s * 1e3) - 1 <= allowed

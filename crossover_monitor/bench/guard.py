@@ -575,8 +575,7 @@ class Guard:
             spread = _relative_spread(self._readings[:_READINGS_TO_JUDGE])
         else:
             return None
-        widened = min(_SPREADS_ALLOWED * spread, _SPREAD_ALLOWANCE_AT_MOST)
-        return max(self._settings.host_max_slowdown, widened)
+        return host_allowance(self._settings.host_max_slowdown, spread)
 
     def _slowed(self, load: HostLoad, share: float) -> str | None:
         """Why the point's time is the slowed host's, or None: the slowdown times its host share is in bounds."""
@@ -624,6 +623,13 @@ class Guard:
                     )
                 )
         return found
+
+
+def host_allowance(host_max_slowdown: float, spread: float) -> float:
+    """How far the host may run slower than its figure before a point counts as moved: ``host_max_slowdown``, or
+    ``_SPREADS_ALLOWED`` times the reference's relative spread where that is wider, up to
+    ``_SPREAD_ALLOWANCE_AT_MOST``."""
+    return max(host_max_slowdown, min(_SPREADS_ALLOWED * spread, _SPREAD_ALLOWANCE_AT_MOST))
 
 
 def _relative_spread(readings: Sequence[float]) -> float:
