@@ -47,11 +47,11 @@ sys.path.insert(0, str(REPO))
 
 from crossover_monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
 from crossover_monitor.crossover import find_crossover  # noqa: E402
-from crossover_monitor.model import MODES, HostReference  # noqa: E402
+from crossover_monitor.model import MODES  # noqa: E402
 from crossover_monitor.protocol import Plan  # noqa: E402
 from crossover_monitor.report import render_json  # noqa: E402
 from crossover_monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
-from crossover_monitor.state import HOST_REFERENCES_KEPT  # noqa: E402
+from crossover_monitor.state import StateStore  # noqa: E402
 from crossover_monitor.sweep import run_sweep  # noqa: E402
 
 # 96 and 160 beside 128: on the H200 the compute crossover sits near 128, where one noisy size decides
@@ -121,7 +121,9 @@ def run_peer(
 
 
 CPU_NAMES = {"torch": "cpu", "jax": "cpu:0", "tensorflow": "/CPU:0"}  # the CPU device's name in each backend
-HOST_REFERENCES: list[HostReference] = []  # each sweep's host reference, oldest first
+# What the service keeps between its sweeps (the host reference's figure, each point's calm range), kept here
+# by the service's own store.
+STORE = StateStore()
 
 
 def sweep(
@@ -141,21 +143,21 @@ def sweep(
         refine=RefineSettings(enabled=refine, budget_s=20),
     )
     started = time.monotonic()
-    # The host reference's idle figure from the sweeps before, as the service's StateStore keeps it.
+    kept = STORE.read()
     plan = Plan(
         bench=bench,
         guard=GuardSettings(enabled=guarded),
-        host_baseline=HostReference.of(HOST_REFERENCES[-HOST_REFERENCES_KEPT:]),
+        host_baseline=kept.host_baseline,
+        point_figures=kept.point_figures,
     )
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
+    STORE.record(outcome)
     snapshot = outcome.snapshot
     result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
     # The whole sweep as `once --json` prints it, so that replay.py can draw it (PATH.json:SHAPE).
     result["once"] = json.loads(render_json(outcome))
     if snapshot is None:
         return result
-    if snapshot.host_reference is not None:
-        HOST_REFERENCES.append(snapshot.host_reference)
     kinds = {d.device: d.kind for d in snapshot.devices}
     curves: dict[str, dict[str, dict[int, float]]] = {}
     for m in snapshot.measurements:
@@ -526,7 +528,8 @@ def host_readings(service: dict[str, Any]) -> dict[str, float | None]:
     """A sweep's host reference (its median, ms) and, where its CPU was timed, the other work and steal on the
     host's cores meanwhile (the CPU's hardware context; none where the CPU was withheld whole)."""
     reference = service.get("environment", {}).get("host_reference_s")
-    cpu: dict[str, Any] = next((h for h in service.get("hardware") or [] if h.get("device") == "cpu"), {})
+    hardware = service.get("hardware") or []
+    cpu: dict[str, Any] = next((h for h in hardware if "cpu" in str(h.get("device", "")).lower()), {})
     return {
         "reference_ms": round(float(reference) * 1e3, 3) if reference else None,
         "other_cores": cpu.get("other_cpu_cores"),

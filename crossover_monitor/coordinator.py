@@ -132,6 +132,7 @@ class SweepCoordinator:
             guard=settings.guard,
             given_up=tuple(sorted(self._given_up)),
             host_baseline=self._store.read().host_baseline,
+            point_figures=self._store.read().point_figures,
         )
         self._run_worker(plan, retry=False)
         self._note_next_sweep()
@@ -151,6 +152,7 @@ class SweepCoordinator:
             given_up=tuple(sorted(self._given_up)),
             retry=True,
             host_baseline=self._store.read().host_baseline,
+            point_figures=self._store.read().point_figures,
         )
         self._run_worker(plan, retry=True)
 

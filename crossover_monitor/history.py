@@ -31,6 +31,7 @@ from typing import Any
 from crossover_monitor.codec import DecodeError, from_data, parse_json, to_data
 from crossover_monitor.model import (
     HostReference,
+    PointMedians,
     RecentCrossovers,
     RetryResult,
     ServiceState,
@@ -113,6 +114,8 @@ class _Served:
     retries: tuple[tuple[RetryResult, int], ...]
     recent: tuple[RecentCrossovers, ...] = ()  # absent in files of earlier versions
     host_references: tuple[HostReference, ...] = ()  # likewise
+    point_medians: tuple[PointMedians, ...] = ()  # likewise
+    point_medians_timed_as: str = ""
 
 
 class HistoryUnavailable(Exception):
@@ -288,6 +291,8 @@ class RunHistory:
             retries=state.retries,
             recent=state.recent,
             host_references=state.host_references,
+            point_medians=state.point_medians,
+            point_medians_timed_as=state.point_medians_timed_as,
         )
         now = time.time()
         row = _run_row(kind, outcome, now, reason)

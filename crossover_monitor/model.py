@@ -283,10 +283,45 @@ class Measurement:
     key: PointKey
     timing: Timing
     role: Role = "sweep"
+    # The most other programs (or the hypervisor's steal) used of the host over the point's timed tries that
+    # stood, in cores; None where the guard did not meter it. Below guard.point_figure_other_cores the point
+    # was timed with the host to itself, and its median joins the point's idle range (``PointMedians``).
+    others_cores: float | None = None
 
     @property
     def flops_per_second(self) -> float:
         return matmul_flops(self.key.size) / self.timing.median_s
+
+
+# A point's idle range needs this many calm sweeps' medians of it; fewer, and it is not judged by its own.
+POINT_MEDIANS_TO_JUDGE = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointMedians:
+    """One point's median in each recent sweep that timed it with the host to itself (calm), oldest first."""
+
+    key: PointKey
+    medians_s: tuple[float, ...]
+
+    @property
+    def figure(self) -> PointFigure | None:
+        """The top of its idle range, once ``POINT_MEDIANS_TO_JUDGE`` calm sweeps timed it: the upper decile of
+        their medians (near the slowest of a few; one calm sweep that ran slow among dozens does not widen
+        it for half a day)."""
+        if len(self.medians_s) < POINT_MEDIANS_TO_JUDGE:
+            return None
+        upper = statistics.quantiles(self.medians_s, n=10, method="inclusive")[-1]
+        return PointFigure(key=self.key, upper_s=upper)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointFigure:
+    """The top of one point's idle range over recent calm sweeps: what the point is held against while other
+    programs use the host (``Guard``)."""
+
+    key: PointKey
+    upper_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -621,6 +656,9 @@ class ServiceState:
     recent: tuple[RecentCrossovers, ...] = ()
     # What the host reference read in each recent sweep, oldest first: the host's idle figure.
     host_references: tuple[HostReference, ...] = ()
+    # Each point's medians in recent calm sweeps (its idle range), and the benchmark settings they were timed with.
+    point_medians: tuple[PointMedians, ...] = ()
+    point_medians_timed_as: str = ""
 
     @property
     def host_baseline(self) -> HostReference | None:
@@ -628,6 +666,11 @@ class ServiceState:
         neighbour, or the host itself, slowing it in fewer than nine of ten kept sweeps cannot move it past the
         fast sweeps' readings; a lasting change of the host becomes the new figure once it holds for that long."""
         return HostReference.of(self.host_references)
+
+    @property
+    def point_figures(self) -> tuple[PointFigure, ...]:
+        """The top of the idle range of each point timed in enough recent calm sweeps (``PointMedians.figure``)."""
+        return tuple(figure for kept in self.point_medians if (figure := kept.figure) is not None)
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

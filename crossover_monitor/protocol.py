@@ -13,6 +13,7 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Measurement,
+    PointFigure,
     PointKey,
     Role,
     Withheld,
@@ -36,6 +37,8 @@ class Plan:
     retry: bool = False
     # The host reference's idle figure from recent sweeps; None: the worker has only this sweep's readings.
     host_baseline: HostReference | None = None
+    # The points' idle figures from recent sweeps (``ServiceState.point_figures``).
+    point_figures: tuple[PointFigure, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

@@ -350,6 +350,17 @@ class GuardSettings(Section):
             " is disturbed",
         ),
     )
+    # While other programs (or the hypervisor) use at least this many cores, a host-bound point is also held
+    # against its own idle range (its medians in recent sweeps that timed it with others below this): past its
+    # top by more than host_max_slowdown, it is disturbed like a point the slowed host moved.
+    point_figure_other_cores: float = field(
+        default=0.75,
+        metadata=key(
+            "point_figure_other_cores",
+            number(0, MAX_COUNT),
+            "while others use this many cores, a host-bound point past its own calm sweeps' range is disturbed",
+        ),
+    )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
         default=60.0,
         metadata=key(

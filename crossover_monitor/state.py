@@ -8,16 +8,20 @@ published, and that same outcome and state handed to the run history.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import threading
 from typing import TypeVar
 
 from crossover_monitor.carry import served, trimmed
 from crossover_monitor.history import RunHistory
-from crossover_monitor.model import RetryResult, ServiceState, SweepOutcome, SweepResult
-from crossover_monitor.settings import Settings
+from crossover_monitor.model import PointMedians, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from crossover_monitor.settings import BenchmarkSettings, GuardSettings, Settings
 
 # Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
 HOST_REFERENCES_KEPT = 96
+# Calm sweeps whose median of a point its idle range comes from: half a day at the default schedule (the served
+# state, which the history writes after each run, holds this many for every configured point).
+POINT_MEDIANS_KEPT = 48
 
 
 class StateStore:
@@ -58,6 +62,11 @@ class StateStore:
                 reference = outcome.snapshot.host_reference if outcome.snapshot is not None else None
                 if reference is not None:  # withheld sweeps too: a lasting change of the host must become the figure
                     changes["host_references"] = (*state.host_references, reference)[-HOST_REFERENCES_KEPT:]
+                if outcome.snapshot is not None:
+                    guard = self._settings.guard if self._settings is not None else GuardSettings()
+                    changes["point_medians"] = _with_calm_medians(
+                        state.point_medians, outcome.snapshot, guard.point_figure_other_cores
+                    )
                 self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             self._remember("sweep", outcome, state)
 
@@ -96,10 +105,16 @@ class StateStore:
         is served from now on: the served snapshot loses the rest now, each later sweep's and retry's as it
         is recorded."""
         with self._lock:
-            self._settings = settings
             state = self._state
             latest = None if state.latest is None else trimmed(state.latest, settings.benchmark)
-            self._state = dataclasses.replace(state, config_loaded=True, config_loaded_at=at, latest=latest)
+            changes: dict[str, object] = {"config_loaded": True, "config_loaded_at": at, "latest": latest}
+            # Other threads or timing settings move the points: their figures start again (also where the
+            # configuration changed while the service was stopped: the fingerprint is in the history too).
+            timed_as = _fingerprint(settings.benchmark)
+            if timed_as != state.point_medians_timed_as:
+                changes |= {"point_medians": (), "point_medians_timed_as": timed_as}
+            self._settings = settings
+            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
 
     def record_config_refused(self) -> None:
         """A reload whose configuration did not take: the loaded one stays, and the state says so."""
@@ -123,6 +138,32 @@ class StateStore:
         """The run and the state served after it, into the history (when there is one). Under _history_order."""
         if self._history is not None:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
+
+
+def _fingerprint(bench: BenchmarkSettings) -> str:
+    """What the benchmark settings were, in a short string that tells two configurations apart."""
+    return hashlib.sha256(repr(bench).encode()).hexdigest()[:16]
+
+
+def _with_calm_medians(
+    kept: tuple[PointMedians, ...], snapshot: Snapshot, others_at_most: float
+) -> tuple[PointMedians, ...]:
+    """``kept`` with this sweep's median of each configured point it timed while others used less than
+    ``others_at_most`` cores (a refinement's sizes change from sweep to sweep: they have no range to keep).
+
+    Calm points only: a point timed beside others' load is what the range judges, and letting it in would let
+    a neighbour that stays widen the range until its slowdown passes. A lasting change of a point (a driver,
+    a framework) enters with the first calm sweeps that time it, as its median is published."""
+    timed = {
+        m.key: m.timing.median_s
+        for m in snapshot.measurements
+        if m.role != "refine" and m.others_cores is not None and m.others_cores < others_at_most
+    }
+    by_key = {k.key: k for k in kept}
+    for key, median in timed.items():
+        earlier = by_key[key].medians_s if key in by_key else ()
+        by_key[key] = PointMedians(key=key, medians_s=(*earlier, median)[-POINT_MEDIANS_KEPT:])
+    return tuple(by_key.values())
 
 
 def _counted(state: ServiceState, result: SweepResult) -> ServiceState:

@@ -10,13 +10,22 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from crossover_monitor.bench.contract import BackendOptions, RunBlock
 from crossover_monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
 from crossover_monitor.bench.runner import run_plan
-from crossover_monitor.model import DeviceInfo, HostReference, Measurement, Mode, SweepOutcome, SweepResult, Withheld
+from crossover_monitor.model import (
+    DeviceInfo,
+    HostReference,
+    Measurement,
+    Mode,
+    PointFigure,
+    SweepOutcome,
+    SweepResult,
+    Withheld,
+)
 from crossover_monitor.protocol import Message, Plan
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
@@ -152,6 +161,8 @@ def fake_guard(
     pods: Callable[[str], list[str]] | None = None,
     reference: Callable[[], float] | None = None,
     baseline: HostReference | None = None,
+    *,
+    figures: Iterable[PointFigure] = (),
     **settings: Any,
 ) -> Guard:
     sleeps: list[float] = []
@@ -165,6 +176,7 @@ def fake_guard(
         pods=pods,
         reference=reference,
         reference_baseline=baseline,
+        point_figures=figures,
     )
 
 

@@ -29,6 +29,7 @@ from crossover_monitor.bench.guard import (
     GpuSampler,
     GuardUnavailable,
     HostLoad,
+    JudgedPoint,
 )
 from crossover_monitor.bench.podresources import PodResourcesUnavailable
 from crossover_monitor.bench.timing import BlockWatch
@@ -43,8 +44,12 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Measurement,
+    PointFigure,
+    PointKey,
+    Snapshot,
     SweepOutcome,
     SweepResult,
+    Withheld,
     WithheldReason,
 )
 from crossover_monitor.protocol import Environment, Message, Plan
@@ -850,3 +855,87 @@ def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded()
     contexts = [m for m in messages if isinstance(m, HardwareContext)]
     assert {c.device for c in contexts} == {"/CPU:0", "/GPU:0"}
     assert all(c.host_slowdown_max == pytest.approx(1.0) for c in contexts)
+
+
+def _figure(device: str, size: int, upper_s: float) -> PointFigure:
+    key = PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)
+    return PointFigure(key=key, upper_s=upper_s)
+
+
+def _judged(figure: PointFigure, medians: list[float]) -> JudgedPoint:
+    """The point of ``figure``, reading ``medians`` in turn (one per try; the last repeats)."""
+    return JudgedPoint(figure.key, _readings(medians))
+
+
+def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withheld_as_host_slowed() -> None:
+    """A neighbour's BLAS thread beside a framework's pool: others use a core the worker's threads leave free
+    (not contended), the reference reads its idle figure, and the CPU point reads 1.3x the top of its idle
+    range on both tries: withheld, naming the range and the load. Beside less than point_figure_other_cores,
+    within 10% of the range, after a burst that passed, or with no range yet, it stands."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    figure = _figure("/CPU:0", 64, 10e-3)
+
+    def verdict(load: float, medians: list[float], point: PointFigure = figure) -> Withheld | None:
+        guard = fake_guard(
+            None, FakeHost([load]), reference=_readings([1e-3]), baseline=IDLE_REFERENCE, figures=[point]
+        )
+        found = guard.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, medians))
+        assert guard.last_point_others == pytest.approx(load)
+        return found
+
+    slowed = verdict(1.0, [13e-3])
+    assert slowed is not None
+    assert slowed.reason is WithheldReason.HOST_SLOWED
+    assert slowed.detail == (
+        "it ran 1.30x the slowest of its recent calm sweeps (13 ms against 10 ms, allowed 10%) while others used "
+        "1.00 cores of the 4, and 100% of its time is the host's (timed twice)"
+    )
+    assert verdict(0.5, [13e-3]) is None  # others below point_figure_other_cores: a real change is published
+    assert verdict(1.0, [10.9e-3]) is None
+    assert verdict(1.0, [13e-3, 10.5e-3]) is None  # a burst that passed before it was timed again
+    assert verdict(1.0, [13e-3], _figure("/CPU:0", 128, 10e-3)) is None  # no range for this point
+    off = fake_guard(None, FakeHost([1.0]), figures=[figure], point_figure_other_cores=100)
+    assert off.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3])) is None
+
+
+def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_time_is_the_hosts() -> None:
+    """A GPU compute point 2x its range beside a busy core: withheld where 30% of its time is the host's; where
+    20% is, its move is the GPU's (NVML's look judges that), and it stands."""
+    gpu = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
+    figure = _figure("/GPU:0", 64, 1e-4)
+    for share, stands in ((0.3, False), (0.2, True)):
+        guard = fake_guard(None, FakeHost([1.5]), figures=[figure])
+        verdict = guard.time_gpu_point(gpu, lambda: None, lambda: share, _judged(figure, [2e-4]))  # noqa: B023
+        assert (verdict is None) is stands, share
+        if verdict is not None:
+            assert verdict.reason is WithheldReason.HOST_SLOWED
+            assert "30% of its time is the host's" in verdict.detail
+
+
+def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_point_says_what_others_used() -> None:
+    """The real runner and sweep: the top of the CPU's n = 128 point's idle range is half what it reads now while
+    others use a core (the reference unmoved): that point alone is withheld and the rest published, each saying
+    the others' load it was timed beside; at its range, nothing is withheld."""
+    plan = make_plan("tests.fakes:curve", modes=("compute",))
+    _, idle = sweep_with(lambda _: IDLE, plan)
+    assert idle.snapshot is not None
+    timed = {(m.key.device, m.key.size): m.timing.median_s for m in idle.snapshot.measurements}
+
+    def sweep(upper_of_cpu_128: float) -> Snapshot:
+        key = PointKey(backend="fake", device="/CPU:0", dtype="float32", mode="compute", size=128)
+        guard = fake_guard(
+            FakeSampler(lambda _: IDLE), FakeHost([1.0]), figures=[PointFigure(key=key, upper_s=upper_of_cpu_128)]
+        )
+        outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
+        assert outcome.snapshot is not None
+        return outcome.snapshot
+
+    slowed = sweep(timed[("/CPU:0", 128)] / 2)
+    (point,) = slowed.withheld
+    assert point.subject == "/CPU:0 128x128 float32 compute"
+    assert point.reason is WithheldReason.HOST_SLOWED
+    assert "the slowest of its recent calm sweeps" in point.detail
+    assert ("/CPU:0", 128) not in {(m.key.device, m.key.size) for m in slowed.measurements}
+    assert {m.others_cores for m in slowed.measurements} == {1.0}
+    assert not sweep(timed[("/CPU:0", 128)]).withheld
+    assert {m.others_cores for m in idle.snapshot.measurements} == {None}  # no host meter: nothing said

@@ -8,7 +8,9 @@ from crossover_monitor.model import (
     DeviceFailure,
     DeviceInfo,
     HardwareContext,
+    HostReference,
     Measurement,
+    PointFigure,
     StopReason,
     Withheld,
     WithheldReason,
@@ -42,7 +44,13 @@ KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")
         DeviceFailure(backend="tensorflow", device="/GPU:0", reason="oom", point=KEY),
         DeviceFailure(backend="tensorflow", device="/GPU:1", reason="gone", fatal=True),
         Withheld(backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="1 other process"),
-        Withheld(backend="tensorflow", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=KEY),
+        Withheld(
+            backend="tensorflow",
+            device="/GPU:0",
+            reason=WithheldReason.HOST_SLOWED,
+            detail="1.4x",
+            point=KEY,
+        ),
         HardwareContext(
             backend="torch",
             device="cuda:0",
@@ -65,7 +73,10 @@ def test_messages_round_trip(message: Message) -> None:
 def test_plan_round_trips_from_settings() -> None:
     """The plan built from settings survives the trip to the worker."""
     plan = Plan(
-        bench=BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3), guard=GuardSettings(cpu_max_other_cores=0.25)
+        bench=BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3),
+        guard=GuardSettings(cpu_max_other_cores=0.25, point_figure_other_cores=1.5),
+        host_baseline=HostReference(median_s=4.5e-4, spread=0.04),
+        point_figures=(PointFigure(key=point_key("/CPU:0", 64), upper_s=1e-3),),
     )
     assert Plan.from_json(plan.to_json()) == plan
 

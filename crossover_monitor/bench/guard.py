@@ -6,6 +6,9 @@ makes it busy, and its points of this sweep are withheld. Every point is timed i
 window over which the host meter (``HostMeter``) measures the host's load from other processes
 and how long the worker's timing thread waited for a CPU: a CPU point during which others used cores
 its threads needed, or a GPU point whose host side waited for a CPU, is timed again once, then withheld.
+Two timings judge the point beside those counts: the host reference, read before and after it against its
+idle figure, and, while other programs use the host, the point's own median against its idle range over
+recent calm sweeps (a neighbour can slow a framework's pool threads without the reference feeling it).
 Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
 
 Pure apart from the samplers, meters, clock and sleep it is given, so that tests drive it with fakes.
@@ -29,6 +32,8 @@ from crossover_monitor.model import (
     DeviceInfo,
     HardwareContext,
     HostReference,
+    PointFigure,
+    PointKey,
     Withheld,
     WithheldReason,
     relative_iqr,
@@ -47,6 +52,10 @@ _SPREADS_ALLOWED = 2.0
 # (allowed 85% after a first sweep whose readings spread by 42%; benchmarks/README.md, "Blocks set aside").
 _SPREAD_ALLOWANCE_AT_MOST = 0.25
 _READINGS_TO_JUDGE = 8
+# A point whose host share is at least this is judged by its own idle range while others use the host; one
+# mostly the GPU's is left to NVML's look (it moving is the GPU's news, which the alerts are for). A quarter: a
+# 4-thread BLAS job moved TensorFlow's GPU compute n = 1024, about a third of it dispatch, 1.18x on an H200.
+_HOST_BOUND_SHARE = 0.25
 N = TypeVar("N", int, float)
 
 
@@ -286,13 +295,18 @@ class Guard:
         pods: Callable[[str], Sequence[str]] | None = None,
         reference: Callable[[], float] | None = None,
         reference_baseline: HostReference | None = None,
+        point_figures: Iterable[PointFigure] = (),
     ) -> None:
         """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes.
 
         ``reference`` takes one reading of the host reference (``crossover_monitor.bench.hostprobe``), in seconds;
         ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
+        ``point_figures``: the top of each point's idle range over recent calm sweeps, which the point timed
+        while others use the host is held against.
         """
         self._settings = settings
+        self._point_figures = {figure.key: figure for figure in point_figures}
+        self._last_others: float | None = None
         self._reference = reference
         self._reference_baseline = reference_baseline
         # What a reading is held against: the baseline, or this sweep's median reading where that is faster.
@@ -429,7 +443,11 @@ class Guard:
     # --- the host's cores ------------------------------------------------------------------
 
     def time_cpu_point(
-        self, device: DeviceInfo, threads: int, measure: Callable[[BlockWatch | None], object]
+        self,
+        device: DeviceInfo,
+        threads: int,
+        measure: Callable[[BlockWatch | None], object],
+        judged: JudgedPoint | None = None,
     ) -> Withheld | None:
         """Run ``measure`` (one CPU point) under the host meter; timed again once if others disturbed it.
 
@@ -469,10 +487,14 @@ class Guard:
                 found.append(stalled)
             return found
 
-        return self._metered(host, device, watched, problems, record, host_share=lambda: 1.0)
+        return self._metered(host, device, watched, problems, record, host_share=lambda: 1.0, judged=judged)
 
     def time_gpu_point(
-        self, device: DeviceInfo, measure: Callable[[], object], host_share: Callable[[], float] = lambda: 1.0
+        self,
+        device: DeviceInfo,
+        measure: Callable[[], object],
+        host_share: Callable[[], float] = lambda: 1.0,
+        judged: JudgedPoint | None = None,
     ) -> Withheld | None:
         """Run ``measure`` (one GPU point) under the host meter; timed again once if its host side waited for a CPU.
 
@@ -483,6 +505,8 @@ class Guard:
 
         ``host_share`` (read after ``measure``): the share of the point's time that is the host's (its fixed
         cost over its median, for a compute point), by which a slower host moves it.
+        ``judged``: the point and its median after ``measure``, to hold against its idle range while others use
+        the host.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -497,7 +521,7 @@ class Guard:
             return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
 
         record = self._gpus.setdefault(device.device, _GpuRecord())
-        return self._metered(host, device, measure, problems, record, host_share=host_share)
+        return self._metered(host, device, measure, problems, record, host_share=host_share, judged=judged)
 
     def _metered(
         self,
@@ -508,11 +532,13 @@ class Guard:
         record: _HostRecord,
         *,
         host_share: Callable[[], float],
+        judged: JudgedPoint | None,
     ) -> Withheld | None:
         """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
 
         Beside what the meter counts, the host reference is read before and after the point: a host that
-        ran slower than its idle reference moved the point by about that slowdown times its host share.
+        ran slower than its idle reference moved the point by about that slowdown times its host share. And
+        while others use the host, a host-bound point slower than its own idle range was moved by them.
         """
         found: list[str] = []
         slowed: str | None = None
@@ -527,10 +553,12 @@ class Guard:
             load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
             record.add_try(load)
             found = problems(load)
-            slowed = self._slowed(load, host_share())
+            share = host_share()
+            slowed = self._slowed(load, share) or self._moved_beside_others(load, share, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
+        self._last_others = _others(load)
         if found:
             reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
         elif slowed is not None:
@@ -592,6 +620,35 @@ class Guard:
             f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
         )
 
+    def _moved_beside_others(self, load: HostLoad, share: float, judged: JudgedPoint | None) -> str | None:
+        """Why the point, timed while other programs (or the hypervisor) used at least
+        ``point_figure_other_cores`` of the host, reads slower than the top of its idle range (recent calm
+        sweeps) by more than ``host_max_slowdown``, or None. Only a host-bound point: the reference reads the
+        timing thread, but a neighbour's BLAS thread beside one of a framework's pool threads, or its memory
+        traffic beside a copy, slows the point and leaves the reference almost as fast (TensorFlow beside a
+        1-thread BLAS job on an H200: points 1.25-1.35x their idle range while the reference read 1.07x)."""
+        host = self._host
+        if judged is None or host is None or share < _HOST_BOUND_SHARE:
+            return None
+        figure, median = self._point_figures.get(judged.key), judged.median()
+        others = _others(load)
+        if figure is None or median is None or others < self._settings.point_figure_other_cores:
+            return None
+        ratio = median / figure.upper_s
+        if ratio - 1.0 <= self._settings.host_max_slowdown:
+            return None
+        return (
+            f"it ran {ratio:.2f}x the slowest of its recent calm sweeps ({median * 1e3:.3g} ms against "
+            f"{figure.upper_s * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "
+            f"{others:.2f} cores of the {host.cores()}, and {share:.0%} of its time is the host's"
+        )
+
+    @property
+    def last_point_others(self) -> float | None:
+        """What other programs (or steal) used of the host over the last point's try that counts, in cores;
+        None before any point, or where the guard does not meter the host."""
+        return self._last_others
+
     @property
     def host_reference(self) -> HostReference | None:
         """What this sweep's readings of the host reference were; None if it took none."""
@@ -623,6 +680,19 @@ class Guard:
                     )
                 )
         return found
+
+
+@dataclass(frozen=True)
+class JudgedPoint:
+    """A point the guard may hold against its own idle figure: which it is, and its median once timed."""
+
+    key: PointKey
+    median: Callable[[], float | None]
+
+
+def _others(load: HostLoad) -> float:
+    """Other programs' use of the host over a window, in cores: their processes', or the hypervisor's steal."""
+    return max(load.other_cores, load.steal_cores)
 
 
 def host_allowance(host_max_slowdown: float, spread: float) -> float:

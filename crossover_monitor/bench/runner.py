@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from crossover_monitor.bench.contract import Backend
-from crossover_monitor.bench.guard import Guard
+from crossover_monitor.bench.guard import Guard, JudgedPoint
 from crossover_monitor.bench.hostinfo import affinity_text
 from crossover_monitor.bench.timing import Clock, measure, with_visit
 from crossover_monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
@@ -107,6 +107,7 @@ class _Session:
     timed: set[str] = field(default_factory=set)  # devices with a point timed in this sweep
     timings: dict[PointKey, Timing] = field(default_factory=dict)  # all visits so far
     roles: dict[PointKey, Role] = field(default_factory=dict)
+    others: dict[PointKey, float] = field(default_factory=dict)  # the most others used over a point's visits
     # Points withheld alone, with what the slowed host gave them: never timed again in this sweep (a refinement
     # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
     # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
@@ -167,7 +168,8 @@ class _Session:
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
         where = self.key(device, size, dtype, mode)
-        self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where]))
+        others = self.others.get(where)
+        self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where], others_cores=others))
 
     def _attempt(
         self,
@@ -228,7 +230,10 @@ class _Session:
                     return min(1.0, fixed.median_s / timings[-1].median_s)
 
                 waited = self.guard.time_gpu_point(
-                    device, lambda: timings.append(measure(run, settings, self.clock, calls=calls)), host_share
+                    device,
+                    lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
+                    host_share,
+                    self._judged(device, size, dtype, mode, timings),
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -248,6 +253,7 @@ class _Session:
                 device,
                 threads,
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
+                self._judged(device, size, dtype, mode, timings),
             )
             timing = timings[-1]
         if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
@@ -257,7 +263,15 @@ class _Session:
             return None
         if timing is not None and not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock
             raise MeasurementFailed(device.device, f"n={size}", f"impossible median {timing.median_s!r} s at n={size}")
+        others = self.guard.last_point_others
+        if timing is not None and others is not None:
+            where = self.key(device, size, dtype, mode)
+            self.others[where] = max(others, self.others.get(where, 0.0))
         return timing
+
+    def _judged(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, timings: list[Timing]) -> JudgedPoint:
+        """The point for the guard to hold against its figure: its median is the latest try's."""
+        return JudgedPoint(self.key(device, size, dtype, mode), lambda: timings[-1].median_s if timings else None)
 
     def retry_is_over(self) -> bool:
         """A retry exists for its GPUs: once none of them can be timed, the CPU is not timed either."""

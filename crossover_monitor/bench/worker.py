@@ -21,7 +21,7 @@ from crossover_monitor.bench.podresources import PodResourcesClient, holders
 from crossover_monitor.bench.registry import load_backend
 from crossover_monitor.bench.runner import run_plan
 from crossover_monitor.errors import MonitorError
-from crossover_monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES, HostReference
+from crossover_monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES, HostReference, PointFigure
 from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, encode
 from crossover_monitor.settings import GuardSettings
 
@@ -34,7 +34,9 @@ def _claim_stdout() -> TextIO:
     return channel
 
 
-def build_guard(settings: GuardSettings, host_baseline: HostReference | None = None) -> Guard:
+def build_guard(
+    settings: GuardSettings, host_baseline: HostReference | None = None, point_figures: Sequence[PointFigure] = ()
+) -> Guard:
     """The guard with NVML (when it can start), the host's load meter and the host reference."""
     sampler: GpuSampler | None = None
     problem = ""
@@ -62,6 +64,7 @@ def build_guard(settings: GuardSettings, host_baseline: HostReference | None = N
         pods=pods,
         reference=reading,
         reference_baseline=host_baseline,
+        point_figures=point_figures,
     )
 
 
@@ -79,7 +82,8 @@ def main() -> int:
     options = BackendOptions(tf32=plan.bench.tf32, cpu_threads=plan.bench.cpu_threads or default_cpu_threads())
     try:
         backend = load_backend(plan.bench.backend, options)
-        run_plan(plan, backend, emit, time.perf_counter, build_guard(plan.guard, plan.host_baseline))
+        guard = build_guard(plan.guard, plan.host_baseline, plan.point_figures)
+        run_plan(plan, backend, emit, time.perf_counter, guard)
     except MonitorError as exc:
         emit(Fatal(str(exc)))
         return 1

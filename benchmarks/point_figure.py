@@ -1,0 +1,122 @@
+"""Each point's own idle range replayed over recorded shared_node.py runs: what the guard would have withheld.
+
+While other programs use at least ``guard.point_figure_other_cores`` of the host, the guard holds a host-bound
+point against the top of its idle range (the upper decile of its medians in recent calm sweeps,
+``PointMedians.figure``), widened by ``guard.host_max_slowdown``. This replays that rule over the cotenants phase
+of recorded runs: each sweep's published points against the run's idle sweeps (an idle sweep against the
+others). It prints, per sweep, the points outside the idle range +-10% (shared_node.py's report), those the rule
+would withhold, and what stays outside. Issue 32.
+
+A proxy, and it says so: the guard gates each point on the load over that point; the recordings keep the most
+the CPU's points saw over the sweep (its hardware context) or, where the CPU was withheld, what its reason
+names, so this gates more points than the guard would; the service's range comes from its last 48 calm sweeps,
+here from the run's idle sweeps; a compute point's host share is the sweep's n = 1 point over it.
+
+Usage: ``python benchmarks/point_figure.py benchmarks/results/shared-node-*-2026-12-06*.json``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from crossover_monitor.model import POINT_MEDIANS_TO_JUDGE, PointKey, PointMedians
+from crossover_monitor.settings import GuardSettings
+
+HOST_BOUND_SHARE = 0.25  # guard._HOST_BOUND_SHARE
+OTHERS_NAMED = re.compile(r"other processes used ([0-9.]+) cores")
+RANGE_WIDENED = 0.10  # shared_node.py's report: the idle range widened by 10%
+
+
+def others_cores(service: dict[str, Any]) -> float | None:
+    """The most other programs (or steal) used over the sweep's CPU points; None where the CPU was not timed."""
+    for context in service.get("hardware") or []:
+        if "cpu" in str(context.get("device", "")).lower() and "other_cpu_cores" in context:
+            return max(float(context["other_cpu_cores"]), float(context.get("cpu_steal_cores") or 0.0))
+    named = [float(m.group(1)) for w in service.get("withheld") or [] if (m := OTHERS_NAMED.search(w["detail"]))]
+    return max(named, default=None)
+
+
+def host_share(point: str, seconds: float, published: dict[str, float]) -> float:
+    """All of a CPU or end_to_end point; a GPU compute point's fixed cost (its n = 1 point) over its median."""
+    device, mode, _ = point.split()
+    fixed = published.get(f"{device} compute 1")
+    if device == "cpu" or mode != "compute" or fixed is None:
+        return 1.0
+    return min(1.0, fixed / seconds)
+
+
+def judge(service: dict[str, Any], idle: list[dict[str, Any]], gate: float) -> dict[str, Any]:
+    """The sweep's published points against the idle sweeps': outside their range, and withheld by the rule."""
+    published: dict[str, float] = service.get("published", {})
+    others = others_cores(service)
+    allowed = GuardSettings().host_max_slowdown
+    outside, withheld = {}, {}
+    for point, seconds in published.items():
+        medians = [s["published"][point] for s in idle if point in s.get("published", {})]
+        if len(medians) < 2:
+            continue
+        low, high = min(medians) / (1 + RANGE_WIDENED), max(medians) * (1 + RANGE_WIDENED)
+        if not low <= seconds <= high:
+            outside[point] = round(seconds / statistics.median(medians), 3)
+        if len(medians) < POINT_MEDIANS_TO_JUDGE or others is None or others < gate:
+            continue
+        if host_share(point, seconds, published) < HOST_BOUND_SHARE:
+            continue
+        key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
+        figure = PointMedians(key=key, medians_s=tuple(medians)).figure
+        if figure is not None and seconds / figure.upper_s - 1 > allowed:
+            withheld[point] = round(seconds / figure.upper_s, 3)
+    return {
+        "others": others,
+        "outside": outside,
+        "withheld": withheld,
+        "still_outside": {p: r for p, r in outside.items() if p not in withheld},
+        "withheld_inside": sorted(p for p in withheld if p not in outside),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="shared_node.py --out files with a cotenants phase")
+    parser.add_argument("--gate", type=float, default=GuardSettings().point_figure_other_cores, help="cores")
+    args = parser.parse_args()
+    totals = {"outside": 0, "still_outside": 0, "withheld_inside": 0, "idle_sweeps": 0, "idle_withholding": 0}
+    for path in args.runs:
+        data = json.loads(path.read_text())
+        rows = data.get("cotenants") or []
+        idle = [r["service"] for r in rows if r["shape"] == "idle"]
+        print(f"{path.name} ({data.get('backend')}): {len(idle)} idle sweeps, gate {args.gate} cores")
+        for index, row in enumerate(rows):
+            service = row["service"]
+            others_idle = [s for s in idle if s is not service] if row["shape"] == "idle" else idle
+            found = judge(service, others_idle, args.gate)
+            if row["shape"] == "idle":
+                totals["idle_sweeps"] += 1
+                totals["idle_withholding"] += bool(found["withheld"])
+            else:
+                totals["outside"] += len(found["outside"])
+                totals["still_outside"] += len(found["still_outside"])
+            totals["withheld_inside"] += len(found["withheld_inside"])
+            others = "?" if found["others"] is None else f"{found['others']:.2f}"
+            print(
+                f"  {index:2} {row['shape']:<16} others {others:>5}  outside {len(found['outside']):2}  "
+                f"withheld {len(found['withheld']):2} (inside the range: {len(found['withheld_inside'])})  "
+                f"still outside: {found['still_outside'] or 'none'}"
+            )
+    print(
+        f"co-tenant points outside the idle range +-10%: {totals['outside']}, of them still published: "
+        f"{totals['still_outside']}; points inside it withheld: {totals['withheld_inside']}; idle sweeps "
+        f"withholding anything: {totals['idle_withholding']} of {totals['idle_sweeps']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
