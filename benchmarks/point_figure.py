@@ -1,16 +1,19 @@
 """Each point's own idle range replayed over recorded shared_node.py runs: what the guard would have withheld.
 
 While other programs use at least ``guard.point_figure_other_cores`` of the host, the guard holds a host-bound
-point against the top of its idle range (the upper decile of its medians in recent calm sweeps,
-``PointMedians.figure``), widened by ``guard.host_max_slowdown``. This replays that rule over the cotenants phase
-of recorded runs: each sweep's published points against the run's idle sweeps (an idle sweep against the
-others). It prints, per sweep, the points outside the idle range +-10% (shared_node.py's report), those the rule
-would withhold, and what stays outside. Issue 32.
+point against the top of its idle range (its medians in recent calm sweeps, ``PointMedians.figure``), widened by
+``guard.host_max_slowdown``. This replays that rule over the cotenants phase of recorded runs, in the order the
+sweeps ran, as the service keeps the ranges: each sweep's published points against the ranges of the calm sweeps
+before it (others below the gate), after which a calm sweep's points join them. It prints, per sweep, the points
+outside the run's idle range +-10% (shared_node.py's report: every idle sweep of the run, later ones too), those
+the rule would withhold, and what stays outside. Issue 32.
 
-A proxy, and it says so: the guard gates each point on the load over that point; the recordings keep the most
-the CPU's points saw over the sweep (its hardware context) or, where the CPU was withheld, what its reason
-names, so this gates more points than the guard would; the service's range comes from its last 48 calm sweeps,
-here from the run's idle sweeps; a compute point's host share is the sweep's n = 1 point over it.
+A proxy, and it says so: the guard gates each point on the load over that point, and calls a point calm by it;
+the recordings keep the most the CPU's points saw over the sweep (its hardware context) or, where the CPU was
+withheld, what its reason names, so this gates more points and calls fewer calm than the guard would; a
+refinement's sizes are not judged here; a compute point's host share is the sweep's n = 1 point over it. A run
+has a few calm sweeps before its co-tenants where the service has dozens: ``--all-idle`` takes every calm idle
+sweep of the run but the one judged (the range a long-running service would have built that hour).
 
 Usage: ``python benchmarks/point_figure.py benchmarks/results/shared-node-*-2026-12-06*.json``
 """
@@ -27,8 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crossover_monitor.model import POINT_MEDIANS_TO_JUDGE, PointKey, PointMedians
+from crossover_monitor.model import PointKey, PointMedians
 from crossover_monitor.settings import GuardSettings
+from crossover_monitor.state import POINT_MEDIANS_KEPT
 
 HOST_BOUND_SHARE = 0.25  # guard._HOST_BOUND_SHARE
 OTHERS_NAMED = re.compile(r"other processes used ([0-9.]+) cores")
@@ -53,25 +57,24 @@ def host_share(point: str, seconds: float, published: dict[str, float]) -> float
     return min(1.0, fixed / seconds)
 
 
-def judge(service: dict[str, Any], idle: list[dict[str, Any]], gate: float) -> dict[str, Any]:
-    """The sweep's published points against the idle sweeps': outside their range, and withheld by the rule."""
+def judge(
+    service: dict[str, Any], idle: list[dict[str, Any]], calm: dict[str, list[float]], gate: float
+) -> dict[str, Any]:
+    """The sweep's published points against the run's idle range, and against their calm ranges so far."""
     published: dict[str, float] = service.get("published", {})
     others = others_cores(service)
     allowed = GuardSettings().host_max_slowdown
     outside, withheld = {}, {}
     for point, seconds in published.items():
         medians = [s["published"][point] for s in idle if point in s.get("published", {})]
-        if len(medians) < 2:
-            continue
-        low, high = min(medians) / (1 + RANGE_WIDENED), max(medians) * (1 + RANGE_WIDENED)
-        if not low <= seconds <= high:
-            outside[point] = round(seconds / statistics.median(medians), 3)
-        if len(medians) < POINT_MEDIANS_TO_JUDGE or others is None or others < gate:
-            continue
-        if host_share(point, seconds, published) < HOST_BOUND_SHARE:
+        if len(medians) >= 2:
+            low, high = min(medians) / (1 + RANGE_WIDENED), max(medians) * (1 + RANGE_WIDENED)
+            if not low <= seconds <= high:
+                outside[point] = round(seconds / statistics.median(medians), 3)
+        if others is None or others < gate or host_share(point, seconds, published) < HOST_BOUND_SHARE:
             continue
         key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
-        figure = PointMedians(key=key, medians_s=tuple(medians)).figure
+        figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).figure
         if figure is not None and seconds / figure.upper_s - 1 > allowed:
             withheld[point] = round(seconds / figure.upper_s, 3)
     return {
@@ -87,6 +90,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="shared_node.py --out files with a cotenants phase")
     parser.add_argument("--gate", type=float, default=GuardSettings().point_figure_other_cores, help="cores")
+    parser.add_argument("--all-idle", action="store_true", help="ranges from every calm idle sweep of the run")
     args = parser.parse_args()
     totals = {"outside": 0, "still_outside": 0, "withheld_inside": 0, "idle_sweeps": 0, "idle_withholding": 0}
     for path in args.runs:
@@ -94,10 +98,20 @@ def main() -> None:
         rows = data.get("cotenants") or []
         idle = [r["service"] for r in rows if r["shape"] == "idle"]
         print(f"{path.name} ({data.get('backend')}): {len(idle)} idle sweeps, gate {args.gate} cores")
+        calm: dict[str, list[float]] = {}
         for index, row in enumerate(rows):
             service = row["service"]
             others_idle = [s for s in idle if s is not service] if row["shape"] == "idle" else idle
-            found = judge(service, others_idle, args.gate)
+            if args.all_idle:
+                calm = {}
+                for other in others_idle:
+                    if (others_cores(other) or 0.0) < args.gate:
+                        for point, seconds in other.get("published", {}).items():
+                            calm.setdefault(point, []).append(seconds)
+            found = judge(service, others_idle, calm, args.gate)
+            if not args.all_idle and found["others"] is not None and found["others"] < args.gate:
+                for point, seconds in service.get("published", {}).items():
+                    calm.setdefault(point, []).append(seconds)
             if row["shape"] == "idle":
                 totals["idle_sweeps"] += 1
                 totals["idle_withholding"] += bool(found["withheld"])

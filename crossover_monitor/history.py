@@ -98,8 +98,10 @@ class _CrossoverRow:
 # The served state's JSON is {"format": SERVED_FORMAT, "served": {...}}. Format 1 is the bare object
 # that releases before the version was written stored. Bump it when a field of _Served (or of what it
 # holds) is renamed or changes meaning, and bring the older formats up to it in _upgraded.
-# Format 3: the n = 1 point's role is "fixed_cost" (it was "probe").
-SERVED_FORMAT = 3
+# Format 3: the n = 1 point's role is "fixed_cost" (it was "probe"). Format 4: points say what others used of the
+# host over them, and the state keeps each point's calm medians (new fields, absent in older files; a release
+# before it would refuse them, so it says the file is newer rather than damaged).
+SERVED_FORMAT = 4
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -162,7 +162,7 @@ DEVICE_WITHHELD = _metric(
 POINTS_WITHHELD = _metric(
     "matmul_points_withheld",
     "How many points of the device's latest sweep were withheld alone (the host ran slower while they were "
-    "timed); its other points are published",
+    "timed, or they ran past their own idle range while others used the host); its other points are published",
     (*DEVICE_LABELS, "dtype", "mode", "reason"),
 )
 DEVICE_MEASURED_AT = _metric(

@@ -183,7 +183,8 @@ class WithheldReason(enum.Enum):
     # A job started on a GPU while the sweep ran: the rest of the sweep was given up to stay out of its way.
     YIELDED = "yielded"
     # The host ran slower than its idle reference while the point was timed (a neighbour's BLAS job, memory
-    # traffic or SMT sibling, the hypervisor taking time): the point's host side was slowed with it.
+    # traffic or SMT sibling, the hypervisor taking time): the point's host side was slowed with it. Or, while
+    # others used the host, a host-bound point ran past its own idle range over recent calm sweeps.
     HOST_SLOWED = "host_slowed"
 
 
@@ -295,6 +296,7 @@ class Measurement:
 
 # A point's idle range needs this many calm sweeps' medians of it; fewer, and it is not judged by its own.
 POINT_MEDIANS_TO_JUDGE = 4
+_UPPER_DECILE_FROM = 10  # calm sweeps from which the range's top is their upper decile, not the slowest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -306,13 +308,16 @@ class PointMedians:
 
     @property
     def figure(self) -> PointFigure | None:
-        """The top of its idle range, once ``POINT_MEDIANS_TO_JUDGE`` calm sweeps timed it: the upper decile of
-        their medians (near the slowest of a few; one calm sweep that ran slow among dozens does not widen
-        it for half a day)."""
-        if len(self.medians_s) < POINT_MEDIANS_TO_JUDGE:
+        """The top of its idle range, once ``POINT_MEDIANS_TO_JUDGE`` calm sweeps timed it: the slowest of them,
+        or from ``_UPPER_DECILE_FROM`` on their upper decile (one calm sweep that ran slow among dozens does not
+        widen it for half a day; among a few, the slowest is the range a person would read off them)."""
+        medians = self.medians_s
+        if len(medians) < POINT_MEDIANS_TO_JUDGE:
             return None
-        upper = statistics.quantiles(self.medians_s, n=10, method="inclusive")[-1]
-        return PointFigure(key=self.key, upper_s=upper)
+        if len(medians) < _UPPER_DECILE_FROM:
+            return PointFigure(key=self.key, upper_s=max(medians), sweeps=len(medians))
+        upper = statistics.quantiles(medians, n=10, method="inclusive")[-1]
+        return PointFigure(key=self.key, upper_s=upper, sweeps=len(medians))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,6 +327,7 @@ class PointFigure:
 
     key: PointKey
     upper_s: float
+    sweeps: int  # how many calm sweeps it is from
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -455,8 +461,9 @@ class Withheld:
     """A device (or one point on it) whose timings of one sweep were withheld because other work was (or may
     have been) on it.
 
-    A point is withheld alone where only it was moved: the host ran slower while it was timed (``HOST_SLOWED``)
-    by more than the point's host share allows. Its device's other points are published, and a crossover
+    A point is withheld alone where only it was moved (``HOST_SLOWED``): the host ran slower while it was timed
+    by more than the point's host share allows, or, while others used the host, the point ran past its own
+    idle range. Its device's other points are published, and a crossover
     whose lead could have changed at the point is withheld (``crossover.crossovers``).
     """
 

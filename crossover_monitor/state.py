@@ -8,20 +8,31 @@ published, and that same outcome and state handed to the run history.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import threading
 from typing import TypeVar
 
 from crossover_monitor.carry import served, trimmed
 from crossover_monitor.history import RunHistory
 from crossover_monitor.model import PointMedians, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings, Settings
+from crossover_monitor.settings import GuardSettings, Settings
 
 # Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
 HOST_REFERENCES_KEPT = 96
 # Calm sweeps whose median of a point its idle range comes from: half a day at the default schedule (the served
 # state, which the history writes after each run, holds this many for every configured point).
 POINT_MEDIANS_KEPT = 48
+# The environment entries that say what a sweep's points were timed with: when one changes, the points' ranges
+# start again.
+TIMED_WITH = (
+    "framework",
+    "framework_version",
+    "cpu_threads",
+    "cpu_affinity",
+    "tf32",
+    "cuda_version",
+    "cudnn_version",
+    "driver_version",
+)
 
 
 class StateStore:
@@ -63,10 +74,15 @@ class StateStore:
                 if reference is not None:  # withheld sweeps too: a lasting change of the host must become the figure
                     changes["host_references"] = (*state.host_references, reference)[-HOST_REFERENCES_KEPT:]
                 if outcome.snapshot is not None:
+                    # What the worker says it ran with: other threads, a framework or driver upgrade move the
+                    # points, and their ranges start again (also for a sweep planned before a reload).
+                    timed_as = _timed_as(outcome.snapshot)
+                    kept = state.point_medians if timed_as == state.point_medians_timed_as else ()
                     guard = self._settings.guard if self._settings is not None else GuardSettings()
                     changes["point_medians"] = _with_calm_medians(
-                        state.point_medians, outcome.snapshot, guard.point_figure_other_cores
+                        kept, outcome.snapshot, guard.point_figure_other_cores
                     )
+                    changes["point_medians_timed_as"] = timed_as
                 self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             self._remember("sweep", outcome, state)
 
@@ -107,14 +123,8 @@ class StateStore:
         with self._lock:
             state = self._state
             latest = None if state.latest is None else trimmed(state.latest, settings.benchmark)
-            changes: dict[str, object] = {"config_loaded": True, "config_loaded_at": at, "latest": latest}
-            # Other threads or timing settings move the points: their figures start again (also where the
-            # configuration changed while the service was stopped: the fingerprint is in the history too).
-            timed_as = _fingerprint(settings.benchmark)
-            if timed_as != state.point_medians_timed_as:
-                changes |= {"point_medians": (), "point_medians_timed_as": timed_as}
             self._settings = settings
-            self._state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
+            self._state = dataclasses.replace(state, config_loaded=True, config_loaded_at=at, latest=latest)
 
     def record_config_refused(self) -> None:
         """A reload whose configuration did not take: the loaded one stays, and the state says so."""
@@ -140,9 +150,10 @@ class StateStore:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
 
 
-def _fingerprint(bench: BenchmarkSettings) -> str:
-    """What the benchmark settings were, in a short string that tells two configurations apart."""
-    return hashlib.sha256(repr(bench).encode()).hexdigest()[:16]
+def _timed_as(snapshot: Snapshot) -> str:
+    """What the sweep's points were timed with, as its worker reported it (``TIMED_WITH``), in one string."""
+    environment = dict(snapshot.environment)
+    return ";".join(f"{name}={environment.get(name, '')}" for name in TIMED_WITH)
 
 
 def _with_calm_medians(

@@ -17,7 +17,15 @@ from crossover_monitor.config import settings_from_mapping
 from crossover_monitor.coordinator import SweepCoordinator
 from crossover_monitor.daemon import Service
 from crossover_monitor.history import RunHistory, read_recent
-from crossover_monitor.model import RetryResult, SweepResult
+from crossover_monitor.model import (
+    HostReference,
+    PointFigure,
+    PointKey,
+    PointMedians,
+    RetryResult,
+    ServiceState,
+    SweepResult,
+)
 from crossover_monitor.protocol import Plan
 from crossover_monitor.settings import BenchmarkSettings, HistorySettings, RefineSettings, ServerSettings, Settings
 from crossover_monitor.state import StateStore
@@ -175,3 +183,27 @@ def test_a_reload_as_a_sweep_is_recorded_decides_alone_what_is_served_and_what_t
     restored = RunHistory.open(tmp_path, keep_runs=10).restore()
     assert restored is not None
     assert restored[0].latest == state.latest
+
+
+def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_store_keeps() -> None:
+    """What the store kept of recent sweeps reaches the worker's plan: the host reference's idle figure and each
+    point's calm range (without them the guard would judge against nothing)."""
+    key = PointKey(backend="tensorflow", device="/CPU:0", dtype="float32", mode="compute", size=64)
+    kept = ServiceState(
+        host_references=(HostReference(median_s=4.5e-4, spread=0.03),) * 4,
+        point_medians=(PointMedians(key=key, medians_s=(1.0e-3, 1.2e-3, 1.1e-3, 0.9e-3)),),
+    )
+    store = StateStore(kept)
+    bench = {"backend": "tests.fakes:curve", "sizes": [16, 32], "modes": ["compute"], "timeout": "60s"}
+    store.record_config(settings_from_mapping({"schedule": {"interval": "1h"}, "benchmark": bench}), at=0)
+    plans: list[Plan] = []
+
+    def launch(plan: Plan) -> ThreadWorker:
+        plans.append(plan)
+        return ThreadWorker(plan, fake_guard(None))
+
+    SweepCoordinator(store, launch=launch)._sweep()  # one sweep, without starting the schedule
+    (plan,) = plans
+    assert plan.host_baseline is not None
+    assert (plan.host_baseline.median_s, plan.host_baseline.spread) == (pytest.approx(4.5e-4), 0.03)
+    assert plan.point_figures == (PointFigure(key=key, upper_s=1.2e-3, sweeps=4),)

@@ -859,12 +859,16 @@ def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded()
 
 def _figure(device: str, size: int, upper_s: float) -> PointFigure:
     key = PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)
-    return PointFigure(key=key, upper_s=upper_s)
+    return PointFigure(key=key, upper_s=upper_s, sweeps=12)
 
 
-def _judged(figure: PointFigure, medians: list[float]) -> JudgedPoint:
-    """The point of ``figure``, reading ``medians`` in turn (one per try; the last repeats)."""
-    return JudgedPoint(figure.key, _readings(medians))
+def _judged(
+    figure: PointFigure, medians: list[float], share: float | None = 1.0, size: int | None = None
+) -> JudgedPoint:
+    """The point of ``figure`` (or at ``size`` on its curve), reading ``medians`` in turn (one per try; the last
+    repeats), ``share`` of it the host's."""
+    key = figure.key if size is None else dataclasses.replace(figure.key, size=size)
+    return JudgedPoint(key, _readings(medians), lambda _: share)
 
 
 def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withheld_as_host_slowed() -> None:
@@ -887,10 +891,11 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
     assert slowed is not None
     assert slowed.reason is WithheldReason.HOST_SLOWED
     assert slowed.detail == (
-        "it ran 1.30x the slowest of its recent calm sweeps (13 ms against 10 ms, allowed 10%) while others used "
-        "1.00 cores of the 4, and 100% of its time is the host's (timed twice)"
+        "it ran 1.30x the top of its idle range over 12 calm sweeps (13 ms against 10 ms, allowed 10%) while others "
+        "used 1.00 cores of the 4, and 100% of its time is the host's (timed twice)"
     )
-    assert verdict(0.5, [13e-3]) is None  # others below point_figure_other_cores: a real change is published
+    assert verdict(0.74, [13e-3]) is None  # others below point_figure_other_cores: a real change is published
+    assert verdict(0.75, [13e-3]) is not None
     assert verdict(1.0, [10.9e-3]) is None
     assert verdict(1.0, [13e-3, 10.5e-3]) is None  # a burst that passed before it was timed again
     assert verdict(1.0, [13e-3], _figure("/CPU:0", 128, 10e-3)) is None  # no range for this point
@@ -899,13 +904,14 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
 
 
 def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_time_is_the_hosts() -> None:
-    """A GPU compute point 2x its range beside a busy core: withheld where 30% of its time is the host's; where
-    20% is, its move is the GPU's (NVML's look judges that), and it stands."""
+    """A GPU compute point 2x its range beside a busy core: withheld where 30% of its time (at the range's top) is
+    the host's; where 20% is, its move is the GPU's (NVML's look judges that), and it stands; so it does where
+    the share is not known."""
     gpu = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
     figure = _figure("/GPU:0", 64, 1e-4)
-    for share, stands in ((0.3, False), (0.2, True)):
+    for share, stands in ((0.3, False), (0.2, True), (None, True)):  # None: no n = 1 point to tell
         guard = fake_guard(None, FakeHost([1.5]), figures=[figure])
-        verdict = guard.time_gpu_point(gpu, lambda: None, lambda: share, _judged(figure, [2e-4]))  # noqa: B023
+        verdict = guard.time_gpu_point(gpu, lambda: None, lambda: 1.0, _judged(figure, [2e-4], share))
         assert (verdict is None) is stands, share
         if verdict is not None:
             assert verdict.reason is WithheldReason.HOST_SLOWED
@@ -924,7 +930,9 @@ def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_po
     def sweep(upper_of_cpu_128: float) -> Snapshot:
         key = PointKey(backend="fake", device="/CPU:0", dtype="float32", mode="compute", size=128)
         guard = fake_guard(
-            FakeSampler(lambda _: IDLE), FakeHost([1.0]), figures=[PointFigure(key=key, upper_s=upper_of_cpu_128)]
+            FakeSampler(lambda _: IDLE),
+            FakeHost([1.0]),
+            figures=[PointFigure(key=key, upper_s=upper_of_cpu_128, sweeps=4)],
         )
         outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
         assert outcome.snapshot is not None
@@ -934,8 +942,37 @@ def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_po
     (point,) = slowed.withheld
     assert point.subject == "/CPU:0 128x128 float32 compute"
     assert point.reason is WithheldReason.HOST_SLOWED
-    assert "the slowest of its recent calm sweeps" in point.detail
+    assert "the top of its idle range over 4 calm sweeps" in point.detail
     assert ("/CPU:0", 128) not in {(m.key.device, m.key.size) for m in slowed.measurements}
     assert {m.others_cores for m in slowed.measurements} == {1.0}
     assert not sweep(timed[("/CPU:0", 128)]).withheld
     assert {m.others_cores for m in idle.snapshot.measurements} == {None}  # no host meter: nothing said
+
+
+def test_a_refinements_size_is_held_against_the_line_between_its_neighbours_ranges_on_log_log_axes() -> None:
+    """No range at n = 128, ranges at 64 (1 ms) and 256 (8 ms): its top is their line on log-log axes, 2.83 ms,
+    from the fewer of their sweeps. Past it by more than 10% beside a busy core: withheld; within: stands; outside
+    the configured sizes' span: not judged."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    low, high = _figure("/CPU:0", 64, 1e-3), dataclasses.replace(_figure("/CPU:0", 256, 8e-3), sweeps=5)
+    other_device = dataclasses.replace(_figure("/CPU:1", 128, 1e-4))
+
+    def verdict(median: float, size: int = 128) -> Withheld | None:
+        guard = fake_guard(None, FakeHost([1.0]), figures=[low, high, other_device])
+        return guard.time_cpu_point(cpu, 1, lambda _: None, _judged(low, [median], size=size))
+
+    slowed = verdict(3.3e-3)
+    assert slowed is not None
+    assert "1.17x the top of its idle range over 5 calm sweeps (3.3 ms against 2.83 ms" in slowed.detail
+    assert verdict(3.0e-3) is None
+    assert verdict(1.0, size=512) is None
+
+
+def test_a_point_that_stood_once_others_left_says_they_were_there_when_it_was_first_timed() -> None:
+    """Beside a busy core the first try read 1.3x its range; timed again with the host calm it stood, and it
+    reports the most others used over its tries, so it does not join its calm range."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    figure = _figure("/CPU:0", 64, 10e-3)
+    guard = fake_guard(None, FakeHost([1.0, 0.1]), figures=[figure])
+    assert guard.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3, 10e-3])) is None
+    assert guard.last_point_others == pytest.approx(1.0)

@@ -40,6 +40,7 @@ KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")
                 noisy=True,
                 samples_s=(1e-3, 2e-3),
             ),
+            others_cores=0.98,
         ),
         DeviceFailure(backend="tensorflow", device="/GPU:0", reason="oom", point=KEY),
         DeviceFailure(backend="tensorflow", device="/GPU:1", reason="gone", fatal=True),
@@ -76,7 +77,7 @@ def test_plan_round_trips_from_settings() -> None:
         bench=BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3),
         guard=GuardSettings(cpu_max_other_cores=0.25, point_figure_other_cores=1.5),
         host_baseline=HostReference(median_s=4.5e-4, spread=0.04),
-        point_figures=(PointFigure(key=point_key("/CPU:0", 64), upper_s=1e-3),),
+        point_figures=(PointFigure(key=point_key("/CPU:0", 64), upper_s=1e-3, sweeps=4),),
     )
     assert Plan.from_json(plan.to_json()) == plan
 

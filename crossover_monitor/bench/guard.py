@@ -543,6 +543,7 @@ class Guard:
         found: list[str] = []
         slowed: str | None = None
         load = HostLoad(0.0, 0.0, 1.0)
+        others = 0.0  # over every try: a point that stood once others left was still timed beside them first
         for attempt in range(2):
             if attempt:
                 self._sleep(DISTURBED_PAUSE_S)
@@ -552,13 +553,13 @@ class Guard:
             load = host.stop(started)
             load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
             record.add_try(load)
+            others = max(others, _others(load))
             found = problems(load)
-            share = host_share()
-            slowed = self._slowed(load, share) or self._moved_beside_others(load, share, judged)
+            slowed = self._slowed(load, host_share()) or self._moved_beside_others(load, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
-        self._last_others = _others(load)
+        self._last_others = others
         if found:
             reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
         elif slowed is not None:
@@ -620,28 +621,53 @@ class Guard:
             f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
         )
 
-    def _moved_beside_others(self, load: HostLoad, share: float, judged: JudgedPoint | None) -> str | None:
+    def _moved_beside_others(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
-        ``point_figure_other_cores`` of the host, reads slower than the top of its idle range (recent calm
-        sweeps) by more than ``host_max_slowdown``, or None. Only a host-bound point: the reference reads the
-        timing thread, but a neighbour's BLAS thread beside one of a framework's pool threads, or its memory
-        traffic beside a copy, slows the point and leaves the reference almost as fast (TensorFlow beside a
-        1-thread BLAS job on an H200: points 1.25-1.35x their idle range while the reference read 1.07x)."""
+        ``point_figure_other_cores`` of the host, reads past the top of its idle range (recent calm sweeps) by
+        more than ``host_max_slowdown``, or None. Only a host-bound point: the reference reads the timing
+        thread, but a neighbour's BLAS thread beside one of a framework's pool threads, or its memory traffic
+        beside a copy, slows the point and leaves the reference almost as fast (TensorFlow beside a 1-thread
+        BLAS job on an H200: points 1.25-1.35x their idle range while the reference read 1.07x)."""
         host = self._host
-        if judged is None or host is None or share < _HOST_BOUND_SHARE:
-            return None
-        figure, median = self._point_figures.get(judged.key), judged.median()
         others = _others(load)
-        if figure is None or median is None or others < self._settings.point_figure_other_cores:
+        if judged is None or host is None or others < self._settings.point_figure_other_cores:
             return None
-        ratio = median / figure.upper_s
+        top, sweeps = self._range_top(judged.key)
+        median = judged.median()
+        if top is None or median is None:
+            return None
+        # The share at the range's top, not at the slowed median, which a slowdown makes look less the host's.
+        share = judged.host_share_at(top)
+        if share is None or share < _HOST_BOUND_SHARE:
+            return None
+        ratio = median / top
         if ratio - 1.0 <= self._settings.host_max_slowdown:
             return None
         return (
-            f"it ran {ratio:.2f}x the slowest of its recent calm sweeps ({median * 1e3:.3g} ms against "
-            f"{figure.upper_s * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "
+            f"it ran {ratio:.2f}x the top of its idle range over {sweeps} calm sweeps ({median * 1e3:.3g} ms "
+            f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "
             f"{others:.2f} cores of the {host.cores()}, and {share:.0%} of its time is the host's"
         )
+
+    def _range_top(self, key: PointKey) -> tuple[float | None, int]:
+        """The top of the point's idle range and how many calm sweeps it is from; a size without one (a
+        refinement's) between two that have one gets the straight line between theirs on log-log axes (above
+        the curve where time grows ever faster with n, so it is judged leniently), from the fewer sweeps."""
+        figure = self._point_figures.get(key)
+        if figure is not None:
+            return figure.upper_s, figure.sweeps
+        curve = sorted(
+            ((f.key.size, f) for k, f in self._point_figures.items() if dataclasses.replace(k, size=key.size) == key),
+            key=lambda pair: pair[0],
+        )
+        below = [f for size, f in curve if size < key.size]
+        above = [f for size, f in curve if size > key.size]
+        if not below or not above:
+            return None, 0
+        low, high = below[-1], above[0]
+        at = math.log(key.size / low.key.size) / math.log(high.key.size / low.key.size)
+        top = math.exp(math.log(low.upper_s) + at * math.log(high.upper_s / low.upper_s))
+        return top, min(low.sweeps, high.sweeps)
 
     @property
     def last_point_others(self) -> float | None:
@@ -684,10 +710,12 @@ class Guard:
 
 @dataclass(frozen=True)
 class JudgedPoint:
-    """A point the guard may hold against its own idle figure: which it is, and its median once timed."""
+    """A point the guard may hold against its own idle range: which it is, its median once timed, and the share
+    of a time of it that is the host's (None: not known, so it is not judged by its range)."""
 
     key: PointKey
     median: Callable[[], float | None]
+    host_share_at: Callable[[float], float | None] = lambda _: 1.0
 
 
 def _others(load: HostLoad) -> float:

@@ -139,6 +139,7 @@ class _Session:
         """
         wheres = [self.key(d, size, dtype, mode) for d in devices]
         before = [self.timings.get(where) for where in wheres]
+        others_before = {where: self.others[where] for where in wheres if where in self.others}
         for device in devices:
             self.visit(device, size, dtype, mode, visits)
         if all(where in self.timings and self.timings[where].visit_count >= visits for where in wheres):
@@ -146,6 +147,9 @@ class _Session:
         for device, where, earlier in zip(devices, wheres, before, strict=True):
             if earlier is not None and self.timings.get(where) != earlier:
                 self.timings[where] = earlier
+                self.others.pop(where, None)  # and what others used over the visits it keeps
+                if where in others_before:
+                    self.others[where] = others_before[where]
                 self._emit_point(device, size, dtype, mode)  # the point as it was before this round
         return False
 
@@ -233,7 +237,7 @@ class _Session:
                     device,
                     lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
                     host_share,
-                    self._judged(device, size, dtype, mode, timings),
+                    self._judged(device, size, dtype, mode, timings, fixed=fixed),
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -253,7 +257,7 @@ class _Session:
                 device,
                 threads,
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
-                self._judged(device, size, dtype, mode, timings),
+                self._judged(device, size, dtype, mode, timings, fixed=None),
             )
             timing = timings[-1]
         if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
@@ -269,9 +273,21 @@ class _Session:
             self.others[where] = max(others, self.others.get(where, 0.0))
         return timing
 
-    def _judged(self, device: DeviceInfo, size: int, dtype: str, mode: Mode, timings: list[Timing]) -> JudgedPoint:
-        """The point for the guard to hold against its figure: its median is the latest try's."""
-        return JudgedPoint(self.key(device, size, dtype, mode), lambda: timings[-1].median_s if timings else None)
+    def _judged(
+        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, timings: list[Timing], *, fixed: Timing | None
+    ) -> JudgedPoint:
+        """The point for the guard to hold against its idle range: its median is the latest try's; the host's
+        share of a time of it is all of a CPU or end_to_end point's, and a GPU compute point's fixed cost over
+        that time (unknown without the n = 1 point: then it is not judged by its range)."""
+
+        def host_share_at(seconds: float) -> float | None:
+            if device.kind != "gpu" or mode != "compute":
+                return 1.0
+            return None if fixed is None else min(1.0, fixed.median_s / seconds)
+
+        return JudgedPoint(
+            self.key(device, size, dtype, mode), lambda: timings[-1].median_s if timings else None, host_share_at
+        )
 
     def retry_is_over(self) -> bool:
         """A retry exists for its GPUs: once none of them can be timed, the CPU is not timed either."""
