@@ -183,7 +183,10 @@ def sweep(
 
 
 def bracket(reference: dict[str, dict[int, float]], mode: str) -> tuple[str, float | None, int | None, int | None]:
-    """The peer's own crossover: state, n* interpolated as the service does, and its bracket."""
+    """The peer's own crossover: state, n* interpolated as the service does, and its bracket ("no_gpu" where the
+    machine has none: the idle phase still times the service beside the peer's CPU points)."""
+    if f"gpu {mode}" not in reference:
+        return "no_gpu", None, None, None
     cpu, gpu = reference[f"cpu {mode}"], reference[f"gpu {mode}"]
     state, size, lower, upper = find_crossover([(n, cpu[n], gpu[n]) for n in sorted(cpu)])
     return state.value, None if size is None else round(size, 1), lower, upper
