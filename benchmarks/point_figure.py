@@ -11,7 +11,8 @@ the rule would withhold, and what stays outside. Issue 32.
 A proxy, and it says so: the guard gates each point on the load over that point, and calls a point calm by it;
 the recordings keep the most the CPU's points saw over the sweep (its hardware context) or, where the CPU was
 withheld, what its reason names, so this gates more points and calls fewer calm than the guard would; a
-refinement's sizes are not judged here; a compute point's host share is the sweep's n = 1 point over it. A run
+refinement's sizes are not judged here; a compute point's host share is the sweep's n = 1 point over its range's
+top. A run
 has a few calm sweeps before its co-tenants where the service has dozens: ``--all-idle`` takes every calm idle
 sweep of the run but the one judged (the range a long-running service would have built that hour).
 
@@ -49,12 +50,13 @@ def others_cores(service: dict[str, Any]) -> float | None:
 
 
 def host_share(point: str, seconds: float, published: dict[str, float]) -> float:
-    """All of a CPU or end_to_end point; a GPU compute point's fixed cost (its n = 1 point) over its median."""
-    device, mode, _ = point.split()
+    """All of a CPU, end_to_end or n = 1 point; a GPU compute point's fixed cost (its n = 1 point) over ``seconds``;
+    0 (not judged, as the guard does not) where the sweep published no n = 1 point."""
+    device, mode, size = point.split()
     fixed = published.get(f"{device} compute 1")
-    if device == "cpu" or mode != "compute" or fixed is None:
+    if device == "cpu" or mode != "compute" or size == "1":
         return 1.0
-    return min(1.0, fixed / seconds)
+    return 0.0 if fixed is None else min(1.0, fixed / seconds)
 
 
 def judge(
@@ -71,11 +73,13 @@ def judge(
             low, high = min(medians) / (1 + RANGE_WIDENED), max(medians) * (1 + RANGE_WIDENED)
             if not low <= seconds <= high:
                 outside[point] = round(seconds / statistics.median(medians), 3)
-        if others is None or others < gate or host_share(point, seconds, published) < HOST_BOUND_SHARE:
+        if others is None or others < gate:
             continue
         key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
         figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).figure
-        if figure is not None and seconds / figure.upper_s - 1 > allowed:
+        if figure is None or host_share(point, figure.upper_s, published) < HOST_BOUND_SHARE:
+            continue  # the share at the range's top, as the guard takes it
+        if seconds / figure.upper_s - 1 > allowed:
             withheld[point] = round(seconds / figure.upper_s, 3)
     return {
         "others": others,

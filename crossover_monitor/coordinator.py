@@ -133,6 +133,7 @@ class SweepCoordinator:
             given_up=tuple(sorted(self._given_up)),
             host_baseline=self._store.read().host_baseline,
             point_figures=self._store.read().point_figures,
+            point_figures_timed_as=self._store.read().point_medians_timed_as,
         )
         self._run_worker(plan, retry=False)
         self._note_next_sweep()
@@ -153,6 +154,7 @@ class SweepCoordinator:
             retry=True,
             host_baseline=self._store.read().host_baseline,
             point_figures=self._store.read().point_figures,
+            point_figures_timed_as=self._store.read().point_medians_timed_as,
         )
         self._run_worker(plan, retry=True)
 

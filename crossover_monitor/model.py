@@ -294,6 +294,38 @@ class Measurement:
         return matmul_flops(self.key.size) / self.timing.median_s
 
 
+# The environment entries that say what a sweep's points were timed with: where one changes, the points' ranges
+# start again.
+TIMED_WITH = (
+    "framework",
+    "framework_version",
+    "cpu_threads",
+    "cpu_affinity",
+    "tf32",
+    "cuda_version",
+    "cudnn_version",
+    "driver_version",
+)
+
+
+def timed_with(environment: Mapping[str, str], earlier: str = "") -> str:
+    """What a sweep's points were timed with (its ``TIMED_WITH`` entries), in one string: an entry the sweep did not
+    report (NVML that did not start leaves out the driver) keeps its value from ``earlier``."""
+    values = _timed_with_values(earlier) | {k: environment[k] for k in TIMED_WITH if environment.get(k)}
+    return ";".join(f"{k}={values[k]}" for k in TIMED_WITH if k in values)
+
+
+def same_timing(earlier: str, environment: Mapping[str, str]) -> bool:
+    """Whether a sweep reporting ``environment`` timed its points as ``earlier`` says: no entry both have differs."""
+    before = _timed_with_values(earlier)
+    return all(before[k] == environment[k] for k in TIMED_WITH if k in before and environment.get(k))
+
+
+def _timed_with_values(text: str) -> dict[str, str]:
+    pairs = (entry.partition("=") for entry in text.split(";") if entry)
+    return {k: v for k, _, v in pairs if k in TIMED_WITH and v}
+
+
 # A point's idle range needs this many calm sweeps' medians of it; fewer, and it is not judged by its own.
 POINT_MEDIANS_TO_JUDGE = 4
 _UPPER_DECILE_FROM = 10  # calm sweeps from which the range's top is their upper decile, not the slowest

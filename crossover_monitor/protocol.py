@@ -37,8 +37,10 @@ class Plan:
     retry: bool = False
     # The host reference's idle figure from recent sweeps; None: the worker has only this sweep's readings.
     host_baseline: HostReference | None = None
-    # The points' idle figures from recent sweeps (``ServiceState.point_figures``).
+    # The top of each point's idle range over recent calm sweeps (``ServiceState.point_figures``), and what they
+    # were timed with (``model.timed_with``): a worker that times otherwise leaves them unused.
     point_figures: tuple[PointFigure, ...] = ()
+    point_figures_timed_as: str = ""
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

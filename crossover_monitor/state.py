@@ -13,7 +13,16 @@ from typing import TypeVar
 
 from crossover_monitor.carry import served, trimmed
 from crossover_monitor.history import RunHistory
-from crossover_monitor.model import PointMedians, RetryResult, ServiceState, Snapshot, SweepOutcome, SweepResult
+from crossover_monitor.model import (
+    PointMedians,
+    RetryResult,
+    ServiceState,
+    Snapshot,
+    SweepOutcome,
+    SweepResult,
+    same_timing,
+    timed_with,
+)
 from crossover_monitor.settings import GuardSettings, Settings
 
 # Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
@@ -21,18 +30,6 @@ HOST_REFERENCES_KEPT = 96
 # Calm sweeps whose median of a point its idle range comes from: half a day at the default schedule (the served
 # state, which the history writes after each run, holds this many for every configured point).
 POINT_MEDIANS_KEPT = 48
-# The environment entries that say what a sweep's points were timed with: when one changes, the points' ranges
-# start again.
-TIMED_WITH = (
-    "framework",
-    "framework_version",
-    "cpu_threads",
-    "cpu_affinity",
-    "tf32",
-    "cuda_version",
-    "cudnn_version",
-    "driver_version",
-)
 
 
 class StateStore:
@@ -76,13 +73,11 @@ class StateStore:
                 if outcome.snapshot is not None:
                     # What the worker says it ran with: other threads, a framework or driver upgrade move the
                     # points, and their ranges start again (also for a sweep planned before a reload).
-                    timed_as = _timed_as(outcome.snapshot)
-                    kept = state.point_medians if timed_as == state.point_medians_timed_as else ()
-                    guard = self._settings.guard if self._settings is not None else GuardSettings()
-                    changes["point_medians"] = _with_calm_medians(
-                        kept, outcome.snapshot, guard.point_figure_other_cores
-                    )
-                    changes["point_medians_timed_as"] = timed_as
+                    environment = dict(outcome.snapshot.environment)
+                    earlier = state.point_medians_timed_as
+                    kept = state.point_medians if same_timing(earlier, environment) else ()
+                    changes["point_medians"] = self._with_calm_medians(kept, outcome.snapshot)
+                    changes["point_medians_timed_as"] = timed_with(environment, earlier if kept else "")
                 self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             self._remember("sweep", outcome, state)
 
@@ -137,6 +132,30 @@ class StateStore:
             if at != self._state.next_sweep_at:
                 self._state = dataclasses.replace(self._state, next_sweep_at=at)
 
+    def _with_calm_medians(self, kept: tuple[PointMedians, ...], snapshot: Snapshot) -> tuple[PointMedians, ...]:
+        """``kept`` with this sweep's median of each configured point it timed while others used less than
+        ``guard.point_figure_other_cores`` (a refinement's sizes change from sweep to sweep: they have no range to
+        keep), and without sizes the configuration no longer asks for. Under _lock.
+
+        Calm points only: a point timed beside others' load is what the range judges, and letting it in would
+        let a neighbour that stays widen the range until its slowdown passed. A lasting change of a point (a
+        driver, a framework) enters with the first calm sweeps that time it, as its median is published."""
+        settings = self._settings
+        others_at_most = (settings.guard if settings is not None else GuardSettings()).point_figure_other_cores
+        timed = {
+            m.key: m.timing.median_s
+            for m in snapshot.measurements
+            if m.role != "refine" and m.others_cores is not None and m.others_cores < others_at_most
+        }
+        by_key = {k.key: k for k in kept}
+        for key, median in timed.items():
+            earlier = by_key[key].medians_s if key in by_key else ()
+            by_key[key] = PointMedians(key=key, medians_s=(*earlier, median)[-POINT_MEDIANS_KEPT:])
+        if settings is not None:  # the n = 1 point is timed for the fixed cost whether or not it is configured
+            sizes = {1, *settings.benchmark.sizes}
+            by_key = {key: medians for key, medians in by_key.items() if key.size in sizes}
+        return tuple(by_key.values())
+
     def _as_loaded(self, outcome: SweepOutcome) -> SweepOutcome:
         """The outcome with only what the loaded configuration asks for (a reload may come mid-sweep). Under _lock:
         the one trim of a run, which the served state and the history both hold."""
@@ -148,33 +167,6 @@ class StateStore:
         """The run and the state served after it, into the history (when there is one). Under _history_order."""
         if self._history is not None:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
-
-
-def _timed_as(snapshot: Snapshot) -> str:
-    """What the sweep's points were timed with, as its worker reported it (``TIMED_WITH``), in one string."""
-    environment = dict(snapshot.environment)
-    return ";".join(f"{name}={environment.get(name, '')}" for name in TIMED_WITH)
-
-
-def _with_calm_medians(
-    kept: tuple[PointMedians, ...], snapshot: Snapshot, others_at_most: float
-) -> tuple[PointMedians, ...]:
-    """``kept`` with this sweep's median of each configured point it timed while others used less than
-    ``others_at_most`` cores (a refinement's sizes change from sweep to sweep: they have no range to keep).
-
-    Calm points only: a point timed beside others' load is what the range judges, and letting it in would let
-    a neighbour that stays widen the range until its slowdown passes. A lasting change of a point (a driver,
-    a framework) enters with the first calm sweeps that time it, as its median is published."""
-    timed = {
-        m.key: m.timing.median_s
-        for m in snapshot.measurements
-        if m.role != "refine" and m.others_cores is not None and m.others_cores < others_at_most
-    }
-    by_key = {k.key: k for k in kept}
-    for key, median in timed.items():
-        earlier = by_key[key].medians_s if key in by_key else ()
-        by_key[key] = PointMedians(key=key, medians_s=(*earlier, median)[-POINT_MEDIANS_KEPT:])
-    return tuple(by_key.values())
 
 
 def _counted(state: ServiceState, result: SweepResult) -> ServiceState:

@@ -55,6 +55,7 @@ from crossover_monitor.model import (
 from crossover_monitor.protocol import Environment, Message, Plan
 from crossover_monitor.settings import GuardSettings, RefineSettings
 from crossover_monitor.sweep import run_sweep
+from tests.builders import point_key
 from tests.conftest import make_plan
 from tests.fakes import SPIN_FOR_A_MINUTE
 from tests.guardfakes import (
@@ -919,53 +920,56 @@ def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_
 
 
 def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_point_says_what_others_used() -> None:
-    """The real runner and sweep: the top of the CPU's n = 128 point's idle range is half what it reads now while
-    others use a core (the reference unmoved): that point alone is withheld and the rest published, each saying
-    the others' load it was timed beside; at its range, nothing is withheld."""
+    """The real runner and sweep: the tops of the CPU's n = 128 point's and the GPU's n = 1 point's idle ranges
+    are half what they read now while others use a core (the reference unmoved): those points alone are withheld
+    (the n = 1 point is all host: its own fixed cost) and the rest published, each saying the others' load it was
+    timed beside; at their ranges, nothing is withheld; with ranges timed with other threads, nothing is judged."""
     plan = make_plan("tests.fakes:curve", modes=("compute",))
     _, idle = sweep_with(lambda _: IDLE, plan)
     assert idle.snapshot is not None
     timed = {(m.key.device, m.key.size): m.timing.median_s for m in idle.snapshot.measurements}
 
-    def sweep(upper_of_cpu_128: float) -> Snapshot:
-        key = PointKey(backend="fake", device="/CPU:0", dtype="float32", mode="compute", size=128)
-        guard = fake_guard(
-            FakeSampler(lambda _: IDLE),
-            FakeHost([1.0]),
-            figures=[PointFigure(key=key, upper_s=upper_of_cpu_128, sweeps=4)],
-        )
-        outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
+    def sweep(share: float, timed_as: str = "") -> Snapshot:
+        figures = [
+            PointFigure(key=point_key(device, size), upper_s=timed[(device, size)] * share, sweeps=4)
+            for device, size in (("/CPU:0", 128), ("/GPU:0", 1))
+        ]
+        guard = fake_guard(FakeSampler(lambda _: IDLE), FakeHost([1.0]), figures=figures)
+        planned = dataclasses.replace(plan, point_figures=tuple(figures), point_figures_timed_as=timed_as)
+        outcome = run_sweep(planned, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
         assert outcome.snapshot is not None
         return outcome.snapshot
 
-    slowed = sweep(timed[("/CPU:0", 128)] / 2)
-    (point,) = slowed.withheld
-    assert point.subject == "/CPU:0 128x128 float32 compute"
-    assert point.reason is WithheldReason.HOST_SLOWED
-    assert "the top of its idle range over 4 calm sweeps" in point.detail
+    slowed = sweep(0.5)
+    assert {w.subject for w in slowed.withheld} == {"/CPU:0 128x128 float32 compute", "/GPU:0 1x1 float32 compute"}
+    assert {w.reason for w in slowed.withheld} == {WithheldReason.HOST_SLOWED}
+    assert all("the top of its idle range over 4 calm sweeps" in w.detail for w in slowed.withheld)
     assert ("/CPU:0", 128) not in {(m.key.device, m.key.size) for m in slowed.measurements}
     assert {m.others_cores for m in slowed.measurements} == {1.0}
-    assert not sweep(timed[("/CPU:0", 128)]).withheld
+    assert not sweep(1.0).withheld
+    assert not sweep(0.5, timed_as="framework_version=0.9").withheld  # the ranges are of another version
     assert {m.others_cores for m in idle.snapshot.measurements} == {None}  # no host meter: nothing said
 
 
-def test_a_refinements_size_is_held_against_the_line_between_its_neighbours_ranges_on_log_log_axes() -> None:
-    """No range at n = 128, ranges at 64 (1 ms) and 256 (8 ms): its top is their line on log-log axes, 2.83 ms,
-    from the fewer of their sweeps. Past it by more than 10% beside a busy core: withheld; within: stands; outside
-    the configured sizes' span: not judged."""
+def test_a_refinements_size_is_held_against_the_next_configured_sizes_range_and_a_broken_range_judges_nothing() -> None:
+    """No range at n = 128 (a refinement's size): the range of n = 256, the next configured size up, stands in,
+    and the reason says so; within it, or with a range whose top is not a time, the point stands."""
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
-    low, high = _figure("/CPU:0", 64, 1e-3), dataclasses.replace(_figure("/CPU:0", 256, 8e-3), sweeps=5)
-    other_device = dataclasses.replace(_figure("/CPU:1", 128, 1e-4))
+    above = dataclasses.replace(_figure("/CPU:0", 256, 8e-3), sweeps=5)
+    refined = dataclasses.replace(above.key, size=128)
 
-    def verdict(median: float, size: int = 128) -> Withheld | None:
-        guard = fake_guard(None, FakeHost([1.0]), figures=[low, high, other_device])
-        return guard.time_cpu_point(cpu, 1, lambda _: None, _judged(low, [median], size=size))
+    def verdict(median: float, figure: PointFigure = above) -> Withheld | None:
+        guard = fake_guard(None, FakeHost([1.0]), figures=[figure])
+        return guard.time_cpu_point(
+            cpu, 1, lambda _: None, JudgedPoint(refined, _readings([median]), range_from=above.key)
+        )
 
-    slowed = verdict(3.3e-3)
+    slowed = verdict(9.5e-3)
     assert slowed is not None
-    assert "1.17x the top of its idle range over 5 calm sweeps (3.3 ms against 2.83 ms" in slowed.detail
-    assert verdict(3.0e-3) is None
-    assert verdict(1.0, size=512) is None
+    assert "1.19x the top of the idle range of n = 256 over 5 calm sweeps (9.5 ms against 8 ms" in slowed.detail
+    assert verdict(8.5e-3) is None
+    assert verdict(9.5e-3, dataclasses.replace(above, upper_s=0.0)) is None
+    assert verdict(9.5e-3, dataclasses.replace(above, upper_s=float("nan"))) is None
 
 
 def test_a_point_that_stood_once_others_left_says_they_were_there_when_it_was_first_timed() -> None:

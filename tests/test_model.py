@@ -19,6 +19,8 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
     gpu_cpu_pairs,
+    same_timing,
+    timed_with,
 )
 from tests.builders import measurement, point_key, snapshot
 
@@ -97,3 +99,17 @@ def test_a_device_that_measured_nothing_failed_with_the_reason_of_its_points_or_
     states = _states(failures=(DeviceFailure(backend="fake", device="/GPU:0", reason="out of memory", point=point),))
     assert states["/GPU:0"] == (DeviceState.FAILED, "out of memory")
     assert states["/GPU:1"] == (DeviceState.FAILED, "nothing was measured")
+
+
+def test_what_points_were_timed_with_keeps_what_a_sweep_left_out_and_compares_what_both_said() -> None:
+    """``timed_with`` keeps an earlier entry a sweep did not report; ``same_timing`` differs only on an entry both
+    have, and never on entries outside TIMED_WITH."""
+    earlier = timed_with({"framework": "torch", "cpu_threads": "15", "driver_version": "580", "host_reference_s": "1"})
+    assert earlier == "framework=torch;cpu_threads=15;driver_version=580"
+    assert timed_with({"cpu_threads": "15", "framework_version": "2.11"}, earlier) == (
+        "framework=torch;framework_version=2.11;cpu_threads=15;driver_version=580"
+    )
+    assert same_timing(earlier, {"cpu_threads": "15", "host_reference_s": "2"})
+    assert same_timing(earlier, {"driver_version": ""})  # not reported
+    assert not same_timing(earlier, {"cpu_threads": "14"})
+    assert same_timing("", {"cpu_threads": "14"})  # nothing to hold it against

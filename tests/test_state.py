@@ -17,6 +17,7 @@ from crossover_monitor.model import (
     HOST_REFERENCE_SPREAD,
     HostReference,
     RetryResult,
+    Role,
     ServiceState,
     SweepOutcome,
     SweepResult,
@@ -319,26 +320,33 @@ def test_the_points_ranges_start_again_when_the_worker_times_them_with_other_thr
     tmp_path: Path,
 ) -> None:
     """The ranges are kept across a restart with what they were timed with; a sweep whose worker reports other
-    threads (or another framework or driver version) starts them again, also one planned before a reload."""
+    threads (or another framework or driver version) starts them again; one that leaves an entry out (NVML did
+    not start: no driver version) does not. Sizes the configuration no longer asks for are dropped."""
     history = RunHistory.open(tmp_path, keep_runs=10)
     store = StateStore(history=history)
-    store.record_config(_configured(), at=0)
+    store.record_config(_configured(sizes=(64,)), at=0)
 
-    def record(into: StateStore, threads: str) -> None:
-        point = dataclasses.replace(measurement("/CPU:0", 64, 1e-3), others_cores=0.0)
-        environment = (("framework", "fake"), ("framework_version", "1.0"), ("cpu_threads", threads))
-        taken = snapshot(measurements=[point], environment=environment)
+    def record(into: StateStore, threads: str, driver: str | None = "580.159.04") -> None:
+        roles: tuple[tuple[int, Role], ...] = ((1, "fixed_cost"), (64, "sweep"), (96, "sweep"))
+        points = [dataclasses.replace(measurement("/CPU:0", n, 1e-3, role=role), others_cores=0.0) for n, role in roles]
+        environment = {"framework": "fake", "framework_version": "1.0", "cpu_threads": threads}
+        environment |= {} if driver is None else {"driver_version": driver}
+        taken = snapshot(measurements=points, environment=tuple(environment.items()))
         into.record(SweepOutcome(result=SweepResult.SUCCESS, started_at=0, finished_at=1, snapshot=taken))
 
     for _ in range(4):
         record(store, "4")
-    assert len(store.read().point_figures) == 1
+    assert {f.key.size for f in store.read().point_figures} == {1, 64}  # 96 is not configured
+    assert "cpu_threads=4" in store.read().point_medians_timed_as
     restored = history.restore()
     assert restored is not None
     again = StateStore(restored[0])
-    again.record_config(_configured(), at=2)
-    assert len(again.read().point_figures) == 1  # restarted: the ranges came back
-    record(again, "4")
-    assert again.read().point_medians[0].medians_s == (1e-3,) * 5
-    record(again, "2")
-    assert again.read().point_medians[0].medians_s == (1e-3,)
+    again.record_config(_configured(sizes=(64,)), at=2)
+    assert len(again.read().point_figures) == 2  # restarted: the ranges came back
+    record(again, "4", driver=None)
+    assert {k.key.size: len(k.medians_s) for k in again.read().point_medians} == {1: 5, 64: 5}
+    assert "driver_version=580.159.04" in again.read().point_medians_timed_as  # kept from before
+    record(again, "4", driver="590.1")
+    assert {k.key.size: len(k.medians_s) for k in again.read().point_medians} == {1: 1, 64: 1}
+    record(again, "2", driver="590.1")
+    assert {k.key.size: len(k.medians_s) for k in again.read().point_medians} == {1: 1, 64: 1}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -37,6 +37,7 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
     relative_iqr,
+    same_timing,
 )
 from crossover_monitor.settings import GuardSettings
 
@@ -632,10 +633,12 @@ class Guard:
         others = _others(load)
         if judged is None or host is None or others < self._settings.point_figure_other_cores:
             return None
-        top, sweeps = self._range_top(judged.key)
+        own = self._point_figures.get(judged.key)
+        figure = own or (None if judged.range_from is None else self._point_figures.get(judged.range_from))
         median = judged.median()
-        if top is None or median is None:
+        if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             return None
+        top = figure.upper_s
         # The share at the range's top, not at the slowed median, which a slowdown makes look less the host's.
         share = judged.host_share_at(top)
         if share is None or share < _HOST_BOUND_SHARE:
@@ -643,31 +646,18 @@ class Guard:
         ratio = median / top
         if ratio - 1.0 <= self._settings.host_max_slowdown:
             return None
+        whose = "its idle range" if own is not None else f"the idle range of n = {figure.key.size}"
         return (
-            f"it ran {ratio:.2f}x the top of its idle range over {sweeps} calm sweeps ({median * 1e3:.3g} ms "
+            f"it ran {ratio:.2f}x the top of {whose} over {figure.sweeps} calm sweeps ({median * 1e3:.3g} ms "
             f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "
             f"{others:.2f} cores of the {host.cores()}, and {share:.0%} of its time is the host's"
         )
 
-    def _range_top(self, key: PointKey) -> tuple[float | None, int]:
-        """The top of the point's idle range and how many calm sweeps it is from; a size without one (a
-        refinement's) between two that have one gets the straight line between theirs on log-log axes (above
-        the curve where time grows ever faster with n, so it is judged leniently), from the fewer sweeps."""
-        figure = self._point_figures.get(key)
-        if figure is not None:
-            return figure.upper_s, figure.sweeps
-        curve = sorted(
-            ((f.key.size, f) for k, f in self._point_figures.items() if dataclasses.replace(k, size=key.size) == key),
-            key=lambda pair: pair[0],
-        )
-        below = [f for size, f in curve if size < key.size]
-        above = [f for size, f in curve if size > key.size]
-        if not below or not above:
-            return None, 0
-        low, high = below[-1], above[0]
-        at = math.log(key.size / low.key.size) / math.log(high.key.size / low.key.size)
-        top = math.exp(math.log(low.upper_s) + at * math.log(high.upper_s / low.upper_s))
-        return top, min(low.sweeps, high.sweeps)
+    def use_point_figures_timed_as(self, timed_as: str, environment: Mapping[str, str]) -> None:
+        """Keep the points' ranges only if this sweep times its points as they were (``model.same_timing``):
+        other threads, affinity, TF32, a framework or driver version move them, and the ranges restart."""
+        if not same_timing(timed_as, environment):
+            self._point_figures = {}
 
     @property
     def last_point_others(self) -> float | None:
@@ -716,6 +706,7 @@ class JudgedPoint:
     key: PointKey
     median: Callable[[], float | None]
     host_share_at: Callable[[float], float | None] = lambda _: 1.0
+    range_from: PointKey | None = None  # the point whose range stands in where it has none (a refinement's size)
 
 
 def _others(load: HostLoad) -> float:

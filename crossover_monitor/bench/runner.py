@@ -237,7 +237,7 @@ class _Session:
                     device,
                     lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
                     host_share,
-                    self._judged(device, size, dtype, mode, timings, fixed=fixed),
+                    self._judged(device, size, dtype, mode, timings, fixed=fixed, revisit=calls is not None),
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -257,7 +257,7 @@ class _Session:
                 device,
                 threads,
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
-                self._judged(device, size, dtype, mode, timings, fixed=None),
+                self._judged(device, size, dtype, mode, timings, fixed=None, revisit=calls is not None),
             )
             timing = timings[-1]
         if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
@@ -274,19 +274,39 @@ class _Session:
         return timing
 
     def _judged(
-        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, timings: list[Timing], *, fixed: Timing | None
-    ) -> JudgedPoint:
-        """The point for the guard to hold against its idle range: its median is the latest try's; the host's
-        share of a time of it is all of a CPU or end_to_end point's, and a GPU compute point's fixed cost over
-        that time (unknown without the n = 1 point: then it is not judged by its range)."""
+        self,
+        device: DeviceInfo,
+        size: int,
+        dtype: str,
+        mode: Mode,
+        timings: list[Timing],
+        *,
+        fixed: Timing | None,
+        revisit: bool,
+    ) -> JudgedPoint | None:
+        """The point for the guard to hold against its idle range, its median the latest try's; None for a
+        revisit (a few short blocks, whose median is noisier than the full points the range is made of).
+
+        The host's share of a time of it: all of a CPU or end_to_end point's, and of the n = 1 point's (it is
+        the fixed cost); a GPU compute point's fixed cost over that time, unknown without the n = 1 point (then
+        it is not judged by its range). A size the configuration does not ask for (a refinement's) is held
+        against the range of the next configured size up, which a curve that rises with n keeps above it."""
+        if revisit:
+            return None
 
         def host_share_at(seconds: float) -> float | None:
-            if device.kind != "gpu" or mode != "compute":
+            if device.kind != "gpu" or mode != "compute" or size == 1:
                 return 1.0
             return None if fixed is None else min(1.0, fixed.median_s / seconds)
 
+        configured = self.plan.bench.sizes
+        refined = size not in configured and size != 1  # n = 1 is timed for the fixed cost, configured or not
+        above = min((n for n in configured if n > size), default=None) if refined else None
         return JudgedPoint(
-            self.key(device, size, dtype, mode), lambda: timings[-1].median_s if timings else None, host_share_at
+            self.key(device, size, dtype, mode),
+            lambda: timings[-1].median_s if timings else None,
+            host_share_at,
+            range_from=None if above is None else self.key(device, above, dtype, mode),
         )
 
     def retry_is_over(self) -> bool:
@@ -340,6 +360,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
     environment = _environment(backend, guard)
     emit(Environment(environment))
+    guard.use_point_figures_timed_as(plan.point_figures_timed_as, environment)
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     for device in devices:
