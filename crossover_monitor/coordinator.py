@@ -16,6 +16,7 @@ from crossover_monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
 from crossover_monitor.preflight import host_problem
 from crossover_monitor.protocol import Plan
 from crossover_monitor.schedule import SweepScheduler
+from crossover_monitor.settings import BenchmarkSettings
 from crossover_monitor.state import StateStore
 from crossover_monitor.sweep import KILL_GRACE_S, Launcher, run_sweep
 
@@ -126,16 +127,7 @@ class SweepCoordinator:
         # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
         # job waits for, so this reads the new time; noted again at the end, should a release change that.
         self._note_next_sweep()
-        settings = self._store.settings
-        plan = Plan(
-            bench=settings.benchmark,
-            guard=settings.guard,
-            given_up=tuple(sorted(self._given_up)),
-            host_baseline=self._store.read().host_baseline,
-            point_figures=self._store.read().point_figures,
-            point_figures_timed_as=self._store.read().point_medians_timed_as,
-        )
-        self._run_worker(plan, retry=False)
+        self._run_worker(self._plan(self._store.settings.benchmark), retry=False)
         self._note_next_sweep()
 
     def _retry_busy(self) -> None:
@@ -145,18 +137,23 @@ class SweepCoordinator:
         if not busy or latest is None:
             return
         cpus = [cpu.device for cpu, gpus in gpu_cpu_pairs(latest.devices) if {g.device for g in gpus} & set(busy)]
-        settings = self._store.settings
-        plan = Plan(
-            # It names some GPUs only: the rest are not missing.
-            bench=dataclasses.replace(settings.benchmark, devices=(*cpus, *busy), expect_gpus=0),
-            guard=settings.guard,
+        # It names some GPUs only: the rest are not missing.
+        bench = dataclasses.replace(self._store.settings.benchmark, devices=(*cpus, *busy), expect_gpus=0)
+        self._run_worker(self._plan(bench, retry=True), retry=True)
+
+    def _plan(self, bench: BenchmarkSettings, *, retry: bool = False) -> Plan:
+        """What a worker times ``bench`` with: the loaded guard settings and what the store kept of recent sweeps
+        (the host reference's figure, the points' ranges), read from one state."""
+        kept = self._store.read()
+        return Plan(
+            bench=bench,
+            guard=self._store.settings.guard,
             given_up=tuple(sorted(self._given_up)),
-            retry=True,
-            host_baseline=self._store.read().host_baseline,
-            point_figures=self._store.read().point_figures,
-            point_figures_timed_as=self._store.read().point_medians_timed_as,
+            retry=retry,
+            host_baseline=kept.host_baseline,
+            point_figures=kept.point_figures,
+            point_figures_timed_as=kept.point_medians_timed_as,
         )
-        self._run_worker(plan, retry=True)
 
     def _run_worker(self, plan: Plan, *, retry: bool) -> None:
         if self._stopping.is_set():

@@ -695,7 +695,7 @@ class ServiceState:
     recent: tuple[RecentCrossovers, ...] = ()
     # What the host reference read in each recent sweep, oldest first: the host's idle figure.
     host_references: tuple[HostReference, ...] = ()
-    # Each point's medians in recent calm sweeps (its idle range), and the benchmark settings they were timed with.
+    # Each point's medians in recent calm sweeps (its idle range), and what they were timed with (``timed_with``).
     point_medians: tuple[PointMedians, ...] = ()
     point_medians_timed_as: str = ""
 

@@ -116,9 +116,9 @@ class StateStore:
         is served from now on: the served snapshot loses the rest now, each later sweep's and retry's as it
         is recorded."""
         with self._lock:
+            self._settings = settings
             state = self._state
             latest = None if state.latest is None else trimmed(state.latest, settings.benchmark)
-            self._settings = settings
             self._state = dataclasses.replace(state, config_loaded=True, config_loaded_at=at, latest=latest)
 
     def record_config_refused(self) -> None:

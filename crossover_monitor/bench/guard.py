@@ -661,8 +661,8 @@ class Guard:
 
     @property
     def last_point_others(self) -> float | None:
-        """What other programs (or steal) used of the host over the last point's try that counts, in cores;
-        None before any point, or where the guard does not meter the host."""
+        """The most other programs (or steal) used of the host over the last point's tries, in cores; None before
+        any point, or where the guard does not meter the host."""
         return self._last_others
 
     @property

@@ -226,18 +226,18 @@ class _Session:
                 timings: list[Timing] = []
                 fixed_key = self.key(device, 1, dtype, mode)
                 fixed = self.timings.get(fixed_key) or self.set_aside.get(fixed_key)
+                share_at = _host_share_at(device, size, mode, fixed)
 
                 def host_share() -> float:
-                    """A compute point's host side is about its fixed cost; a copy of host memory is host work too."""
-                    if mode != "compute" or fixed is None or not timings:
-                        return 1.0
-                    return min(1.0, fixed.median_s / timings[-1].median_s)
+                    """The reference's judgement takes all of a point whose share is not known as the host's."""
+                    share = share_at(timings[-1].median_s) if timings else None
+                    return 1.0 if share is None else share
 
                 waited = self.guard.time_gpu_point(
                     device,
                     lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
                     host_share,
-                    self._judged(device, size, dtype, mode, timings, fixed=fixed, revisit=calls is not None),
+                    self._judged(device, size, dtype, mode, timings, share_at=share_at, revisit=calls is not None),
                 )
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
@@ -257,7 +257,7 @@ class _Session:
                 device,
                 threads,
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
-                self._judged(device, size, dtype, mode, timings, fixed=None, revisit=calls is not None),
+                self._judged(device, size, dtype, mode, timings, share_at=lambda _: 1.0, revisit=calls is not None),
             )
             timing = timings[-1]
         if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
@@ -281,31 +281,23 @@ class _Session:
         mode: Mode,
         timings: list[Timing],
         *,
-        fixed: Timing | None,
+        share_at: Callable[[float], float | None],
         revisit: bool,
     ) -> JudgedPoint | None:
         """The point for the guard to hold against its idle range, its median the latest try's; None for a
-        revisit (a few short blocks, whose median is noisier than the full points the range is made of).
-
-        The host's share of a time of it: all of a CPU or end_to_end point's, and of the n = 1 point's (it is
-        the fixed cost); a GPU compute point's fixed cost over that time, unknown without the n = 1 point (then
-        it is not judged by its range). A size the configuration does not ask for (a refinement's) is held
-        against the range of the next configured size up, which a curve that rises with n keeps above it."""
+        revisit (a few short blocks, whose median is noisier than the full points the range is made of). A
+        point whose host share is not known is not judged by its range. A size the configuration does not ask
+        for (a refinement's) is held against the range of the next configured size up, which a curve that
+        rises with n keeps above it."""
         if revisit:
             return None
-
-        def host_share_at(seconds: float) -> float | None:
-            if device.kind != "gpu" or mode != "compute" or size == 1:
-                return 1.0
-            return None if fixed is None else min(1.0, fixed.median_s / seconds)
-
         configured = self.plan.bench.sizes
         refined = size not in configured and size != 1  # n = 1 is timed for the fixed cost, configured or not
         above = min((n for n in configured if n > size), default=None) if refined else None
         return JudgedPoint(
             self.key(device, size, dtype, mode),
             lambda: timings[-1].median_s if timings else None,
-            host_share_at,
+            share_at,
             range_from=None if above is None else self.key(device, above, dtype, mode),
         )
 
@@ -349,6 +341,19 @@ class _Session:
             and (on_gpu := dataclasses.replace(where, device=gpu.device)) in self.timings
             and self.roles[where] != "fixed_cost"
         ]
+
+
+def _host_share_at(device: DeviceInfo, size: int, mode: Mode, fixed: Timing | None) -> Callable[[float], float | None]:
+    """The share of a time of the point that is the host's: all of a CPU or end_to_end point's (a copy of host
+    memory is host work too) and of the n = 1 point's (it is the fixed cost); a GPU compute point's host side
+    is about its fixed cost, over that time; None without the n = 1 point's figure."""
+
+    def share_at(seconds: float) -> float | None:
+        if device.kind != "gpu" or mode != "compute" or size == 1:
+            return 1.0
+        return None if fixed is None else min(1.0, fixed.median_s / seconds)
+
+    return share_at
 
 
 def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guard | None = None) -> None:
