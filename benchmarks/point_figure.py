@@ -31,6 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared_node import host_readings
+
 from crossover_monitor.model import PointKey, PointMedians
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.state import POINT_MEDIANS_KEPT
@@ -42,9 +44,9 @@ RANGE_WIDENED = 0.10  # shared_node.py's report: the idle range widened by 10%
 
 def others_cores(service: dict[str, Any]) -> float | None:
     """The most other programs (or steal) used over the sweep's CPU points; None where the CPU was not timed."""
-    for context in service.get("hardware") or []:
-        if "cpu" in str(context.get("device", "")).lower() and "other_cpu_cores" in context:
-            return max(float(context["other_cpu_cores"]), float(context.get("cpu_steal_cores") or 0.0))
+    readings = host_readings(service)
+    if readings["other_cores"] is not None:
+        return max(readings["other_cores"], readings["steal_cores"] or 0.0)
     named = [float(m.group(1)) for w in service.get("withheld") or [] if (m := OTHERS_NAMED.search(w["detail"]))]
     return max(named, default=None)
 
