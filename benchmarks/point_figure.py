@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared_node import host_readings
 
-from crossover_monitor.model import PointKey, PointMedians
+from crossover_monitor.bench.guard import host_share_at, past_idle_range
+from crossover_monitor.model import DeviceKind, PointKey, PointMedians
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.state import POINT_MEDIANS_KEPT
 
-HOST_BOUND_SHARE = 0.25  # guard._HOST_BOUND_SHARE
 OTHERS_NAMED = re.compile(r"other processes used ([0-9.]+) cores")
 RANGE_WIDENED = 0.10  # shared_node.py's report: the idle range widened by 10%
 
@@ -51,14 +51,13 @@ def others_cores(service: dict[str, Any]) -> float | None:
     return max(named, default=None)
 
 
-def host_share(point: str, seconds: float, published: dict[str, float]) -> float:
-    """All of a CPU, end_to_end or n = 1 point; a GPU compute point's fixed cost (its n = 1 point) over ``seconds``;
-    0 (not judged, as the guard does not) where the sweep published no n = 1 point."""
+def host_share(point: str, seconds: float, published: dict[str, float]) -> float | None:
+    """The share of ``seconds`` of the point that is the host's, as the guard takes it (``guard.host_share_at``),
+    the sweep's n = 1 point standing for its fixed cost; None (not judged) where the sweep published none."""
     device, mode, size = point.split()
     fixed = published.get(f"{device} compute 1")
-    if device == "cpu" or mode != "compute" or size == "1":
-        return 1.0
-    return 0.0 if fixed is None else min(1.0, fixed / seconds)
+    kind: DeviceKind = "cpu" if device == "cpu" else "gpu"
+    return host_share_at(kind, "compute" if mode == "compute" else "end_to_end", int(size), fixed, seconds)
 
 
 def judge(
@@ -79,10 +78,12 @@ def judge(
             continue
         key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
         figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).figure
-        if figure is None or host_share(point, figure.upper_s, published) < HOST_BOUND_SHARE:
-            continue  # the share at the range's top, as the guard takes it
-        if seconds / figure.upper_s - 1 > allowed:
-            withheld[point] = round(seconds / figure.upper_s, 3)
+        if figure is None:
+            continue
+        # The share at the range's top, as the guard takes it.
+        ratio = past_idle_range(seconds, figure.upper_s, host_share(point, figure.upper_s, published), allowed)
+        if ratio is not None:
+            withheld[point] = round(ratio, 3)
     return {
         "others": others,
         "outside": outside,

@@ -9,6 +9,16 @@ schedule, into ``promtool test rules`` with the project's real rules
 (``deploy/prometheus/rules.yml``); promtool's own ALERTS series says when ``MatmulCrossoverDrift``
 started firing.
 
+A sweep recorded before the service metered each point (no ``others_cores`` on its points: ``once --json`` and
+scrapes of /metrics from before 2026-12-06) is judged here as the guard judges one now while others use the host
+(``guard.past_idle_range``): where the sweep's own reading of other programs' load and steal over the CPU's points
+(its hardware context, standing for each point's) reaches ``guard.point_figure_other_cores``, each host-bound point
+is held against the top of its idle range in the replayed service's state (the calm sweeps drawn before it), and
+one past it by more than ``guard.host_max_slowdown`` is withheld (``host_slowed``) and its crossover derived
+without it. The service would time such a point again first; a replay cannot, so it withholds at once.
+``--unjudged`` draws them as they published. Scrapes (``.prom`` files, or a directory of them, each taken right
+after a sweep) are read back into sweeps: their medians and spreads, devices, environment and load readings.
+
 With ``--planted``, sweeps from ``--plant-day`` on are drawn from the planted-change sweeps instead:
 the delay until the alert fires, in sweeps, is what a user waits. Also reported: how often the
 next sweep's n* lands inside the interval served after the previous one.
@@ -32,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -40,9 +51,29 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from crossover_monitor import crossover as crossover_module  # noqa: E402
+from crossover_monitor.bench.guard import host_share_at, past_idle_range  # noqa: E402
 from crossover_monitor.crossover import crossovers  # noqa: E402
-from crossover_monitor.model import Crossover, CrossoverKey, CrossoverState, Measurement, SweepOutcome  # noqa: E402
+from crossover_monitor.metrics import parse_exposition  # noqa: E402
+from crossover_monitor.model import (  # noqa: E402
+    Crossover,
+    CrossoverKey,
+    CrossoverState,
+    DeviceInfo,
+    HardwareContext,
+    Measurement,
+    Mode,
+    PointKey,
+    ServiceState,
+    Snapshot,
+    StopReason,
+    SweepOutcome,
+    SweepResult,
+    Timing,
+    Withheld,
+    WithheldReason,
+)
 from crossover_monitor.report import read_json  # noqa: E402
+from crossover_monitor.settings import GuardSettings  # noqa: E402
 from crossover_monitor.state import StateStore  # noqa: E402
 
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
@@ -77,6 +108,12 @@ def load(specs: Iterable[str], *, keep_withheld: bool = False) -> list[SweepOutc
     found: list[SweepOutcome] = []
     for spec in specs:
         path, _, label = spec.partition(":")
+        if Path(path).is_dir() or path.endswith(".prom"):
+            scrapes = sorted(Path(path).glob("*.prom")) if Path(path).is_dir() else [Path(path)]
+            if not scrapes:
+                sys.exit(f"{path}: no .prom scrapes in it")
+            found += [scraped_sweep(scrape) for scrape in scrapes]
+            continue
         text = Path(path).read_text(encoding="utf-8")
         if path.endswith(".jsonl"):
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -97,6 +134,137 @@ def _shared_node_sweeps(path: str, data: dict[str, Any], label: str) -> list[Swe
     return [read_json(service["once"]) for service in chosen]
 
 
+def scraped_sweep(path: Path) -> SweepOutcome:
+    """One sweep read back from a scrape of /metrics taken right after it: each point's median, spread and noisy
+    flag (not its blocks, which /metrics does not carry), the devices, the environment (``matmul_benchmark_info``),
+    the CPU's load readings, and when it ran. Its crossovers are left to the current code to derive."""
+    try:
+        samples = parse_exposition(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        sys.exit(f"{path}: not a Prometheus text exposition: {exc}")
+    series: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for name, labels, value in samples:
+        series.setdefault(name, []).append((labels, value))
+
+    def point(labels: dict[str, str]) -> PointKey:
+        mode: Mode = "compute" if labels["mode"] == "compute" else "end_to_end"
+        return PointKey(
+            backend=labels["backend"],
+            device=labels["device"],
+            dtype=labels["dtype"],
+            mode=mode,
+            size=int(labels["size"]),
+        )
+
+    spreads = {point(labels): value for labels, value in series.get("matmul_duration_iqr_seconds", [])}
+    noisy = {point(labels): value > 0 for labels, value in series.get("matmul_duration_noisy", [])}
+    measurements = []
+    for labels, median in series.get("matmul_duration_seconds", []):
+        key = point(labels)
+        stop = StopReason.MAX_BLOCKS if noisy.get(key) else StopReason.CONVERGED
+        timing = Timing(
+            median_s=median,
+            iqr_s=spreads.get(key, 0.0),
+            blocks=0,
+            calls_per_block=0,
+            stop_reason=stop,
+            noisy=stop is StopReason.MAX_BLOCKS,
+        )
+        measurements.append(Measurement(key=key, timing=timing))
+    devices = tuple(
+        DeviceInfo(
+            backend=labels["backend"],
+            device=labels["device"],
+            kind="gpu" if labels.get("kind") == "gpu" else "cpu",
+            name=labels.get("name", ""),
+        )
+        for labels, _ in series.get("matmul_device_info", [])
+    )
+    readings = {name: values[0][1] for name, values in series.items() if name.startswith("matmul_cpu_") and values}
+    cpu = next((d.device for d in devices if d.kind == "cpu"), "cpu")
+    hardware = HardwareContext(
+        backend=devices[0].backend if devices else "",
+        device=cpu,
+        other_cpu_cores=readings.get("matmul_cpu_other_load_cores"),
+        cpu_steal_cores=readings.get("matmul_cpu_steal_cores"),
+        cpu_throttled_s=readings.get("matmul_cpu_throttled_seconds"),
+    )
+    info = next((labels for labels, _ in series.get("matmul_benchmark_info", [])), {})
+    environment = {k: v for k, v in info.items() if k != "backend"} | {"framework": info.get("backend", "")}
+    finished = next((v for _, v in series.get("matmul_sweep_last_success_timestamp_seconds", [])), 0.0)
+    duration = next((v for _, v in series.get("matmul_sweep_duration_seconds", [])), 0.0)
+    if not measurements or not finished:
+        sys.exit(f"{path}: no timings or no completed sweep in this scrape")
+    snapshot = Snapshot(
+        started_at=finished - duration,
+        finished_at=finished,
+        devices=devices,
+        measurements=tuple(measurements),
+        crossovers=(),
+        environment=tuple(sorted(environment.items())),
+        hardware=(hardware,),
+    )
+    return SweepOutcome(
+        result=SweepResult.SUCCESS, started_at=finished - duration, finished_at=finished, snapshot=snapshot
+    )
+
+
+def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> SweepOutcome:
+    """A sweep recorded before the service metered each point, judged as the guard judges one now by the points'
+    idle ranges in ``state`` (the module's docstring says how); one that metered its points judged itself, and
+    is returned as it is. Its points carry the sweep's load reading, so that the store keeps a calm one's medians."""
+    snapshot = outcome.snapshot
+    if snapshot is None or any(m.others_cores is not None for m in snapshot.measurements):
+        return outcome
+    loads = [
+        max(h.other_cpu_cores, h.cpu_steal_cores or 0.0) for h in snapshot.hardware if h.other_cpu_cores is not None
+    ]
+    if not loads:
+        return outcome  # no reading to gate on: neither judged nor counted calm, as the service would not
+    others = max(loads)
+    metered = tuple(dataclasses.replace(m, others_cores=others) for m in snapshot.measurements)
+    withheld: list[Withheld] = []
+    if others >= guard.point_figure_other_cores:
+        figures = {f.key: f for f in state.point_figures}
+        kinds = {d.device: d.kind for d in snapshot.devices}
+        fixed = {
+            (m.key.device, m.key.dtype): m.timing.median_s
+            for m in metered
+            if (m.key.size, m.key.mode) == (1, "compute")
+        }
+        for m in metered:
+            figure = figures.get(m.key)
+            if m.role == "refine" or figure is None:
+                continue  # a refinement's sizes move from sweep to sweep; the service keeps no range of them
+            key = m.key
+            share = host_share_at(
+                kinds.get(key.device, "cpu"), key.mode, key.size, fixed.get((key.device, key.dtype)), figure.upper_s
+            )
+            ratio = past_idle_range(m.timing.median_s, figure.upper_s, share, guard.host_max_slowdown)
+            if ratio is not None:
+                detail = (
+                    f"replayed: {ratio:.2f}x the top of its idle range over {figure.sweeps} calm sweeps while others "
+                    f"used {others:.2f} cores (the sweep's reading over the CPU's points)"
+                )
+                withheld.append(
+                    Withheld(
+                        backend=key.backend,
+                        device=key.device,
+                        reason=WithheldReason.HOST_SLOWED,
+                        detail=detail,
+                        point=key,
+                    )
+                )
+    moved = dataclasses.replace(snapshot, measurements=metered, withheld=(*snapshot.withheld, *withheld))
+    return dataclasses.replace(outcome, snapshot=moved)
+
+
+def _published(snapshot: Snapshot) -> tuple[Measurement, ...]:
+    """The points the sweep publishes: all but those withheld alone (a sweep judged here still holds them)."""
+    set_aside = {w.point for w in snapshot.withheld if w.point is not None}
+    return tuple(m for m in snapshot.measurements if m.key not in set_aside)
+
+
 def _device_withheld(outcome: SweepOutcome) -> bool:
     assert outcome.snapshot is not None
     return any(w.whole_device for w in outcome.snapshot.withheld)
@@ -110,7 +278,7 @@ def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
     # As the service: only configured sizes leave a gap (the n = 1 fixed-cost point's withholding does not).
     configured = {m.key.size for m in snapshot.measurements if m.role == "sweep"}
     gaps = [w.point for w in snapshot.withheld if w.point is not None and w.point.size in configured]
-    fresh = crossovers(snapshot.devices, snapshot.measurements, gaps)
+    fresh = crossovers(snapshot.devices, _published(snapshot), gaps)
     derived = {c.key for c in fresh}
     return (*fresh, *(c for c in snapshot.crossovers if c.state is CrossoverState.WITHHELD and c.key not in derived))
 
@@ -121,7 +289,14 @@ def at(outcome: SweepOutcome, started: float) -> SweepOutcome:
     assert snapshot is not None  # recorded sweeps completed
     finished = started + (outcome.finished_at - outcome.started_at)
     derived = tuple(dataclasses.replace(c, derived_at=finished) for c in _derived(outcome))
-    moved = dataclasses.replace(snapshot, started_at=started, finished_at=finished, crossovers=derived, measured_at=())
+    moved = dataclasses.replace(
+        snapshot,
+        started_at=started,
+        finished_at=finished,
+        measurements=_published(snapshot),
+        crossovers=derived,
+        measured_at=(),
+    )
     return dataclasses.replace(outcome, started_at=started, finished_at=finished, snapshot=moved)
 
 
@@ -159,20 +334,37 @@ def shifted(outcome: SweepOutcome, factor: float) -> SweepOutcome:
     return dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, measurements=tuple(moved.values())))
 
 
-def served_sequence(drawn: Sequence[SweepOutcome], *, as_recorded: bool = False) -> list[Served]:
+def served_sequence(
+    drawn: Sequence[SweepOutcome],
+    *,
+    as_recorded: bool = False,
+    unjudged: bool = False,
+    judgements: Counter[str] | None = None,
+) -> list[Served]:
     """What the service serves after each of the sweeps, run one every 15 minutes from START.
 
     ``as_recorded``: the crossovers each sweep published when it ran, as they were (the code of then),
-    but derived at the time the sweep is replayed at.
+    but derived at the time the sweep is replayed at. ``unjudged``: a sweep recorded before the service metered
+    each point is drawn as it published, not judged by its points' ranges (``judged``). ``judgements`` counts the
+    sweeps judged here, those that withheld points, and the points withheld.
     """
     store = StateStore()
+    guard = GuardSettings()
     served: list[Served] = []
     for index, outcome in enumerate(drawn):
         started = START + index * SWEEP_S
         if as_recorded:
             latest = recorded_at(outcome, started).snapshot
         else:
-            store.record(at(outcome, started))
+            sweep = outcome if unjudged else judged(outcome, store.read(), guard)
+            if judgements is not None and sweep is not outcome and sweep.snapshot and outcome.snapshot:
+                added = len(sweep.snapshot.withheld) - len(outcome.snapshot.withheld)
+                others = max((m.others_cores or 0.0 for m in sweep.snapshot.measurements), default=0.0)
+                judgements.update(
+                    unmetered=1, beside_others=others >= guard.point_figure_other_cores, withholding=added > 0
+                )
+                judgements.update(points_withheld=added)
+            store.record(at(sweep, started))
             latest = store.read().latest
         served.append(
             {}
@@ -329,12 +521,19 @@ def replay(
     seed: int = 0,
     rules: Path = RULES,
     as_recorded: bool = False,
+    unjudged: bool = False,
 ) -> dict[str, Any]:
     """``runs`` simulated periods of ``days``: onsets of the drift alert per run and mode, delays, coverage."""
     sweeps = round(days * 86400 / SWEEP_S)
     plant_at = None if plant_day is None or not planted else round(plant_day * 86400 / SWEEP_S)
+    judgements: Counter[str] = Counter()
     served = {
-        f"run-{r}": served_sequence(draw(idle, planted, sweeps, plant_at, seed + r), as_recorded=as_recorded)
+        f"run-{r}": served_sequence(
+            draw(idle, planted, sweeps, plant_at, seed + r),
+            as_recorded=as_recorded,
+            unjudged=unjudged,
+            judgements=judgements,
+        )
         for r in range(runs)
     }
     # One promtool run per simulated period: ten in one file can exceed what promtool holds in memory.
@@ -370,6 +569,9 @@ def replay(
         },  # [next n* inside the interval served before it, pairs], idle sweeps only
         "interval_width_median": widths,  # upper / lower of the served interval
         "per_mode": {},
+        # Drawn sweeps recorded before the service metered each point, judged here (``judged``): how many, how
+        # many beside others (at the gate or more), how many of those withheld points, and how many points.
+        "judged_here": dict(judgements),
     }
     for mode in modes:
         row: dict[str, Any] = {"onsets": [], "false_onsets": [], "delay_sweeps": []}
@@ -415,6 +617,11 @@ def main() -> None:
     parser.add_argument(
         "--as-recorded", action="store_true", help="serve the crossovers the sweeps published, not today's code's"
     )
+    parser.add_argument(
+        "--unjudged",
+        action="store_true",
+        help="draw sweeps recorded before the service metered each point as they published, unjudged by their ranges",
+    )
     parser.add_argument("--young-starts", type=int, default=200, help="fresh services whose first sweeps are drawn")
     parser.add_argument("--young-only", action="store_true", help="only the fresh services' coverage, no promtool")
     args = parser.parse_args()
@@ -429,6 +636,7 @@ def main() -> None:
         "days": args.days,
         "rules": args.rules.resolve(),
         "as_recorded": args.as_recorded,
+        "unjudged": args.unjudged,
     }
     young = young_coverage(idle, args.young_starts, args.seed)
     for mode, (inside, pairs) in young.items():
@@ -450,6 +658,7 @@ def main() -> None:
         "rules": str(args.rules),
         "as_recorded": args.as_recorded,
         "keep_withheld": args.keep_withheld,
+        "unjudged": args.unjudged,
     }
     text = json.dumps(report, indent=1)
     if args.out:
@@ -463,6 +672,8 @@ def main() -> None:
             print(f"  {mode}: next n* inside the served interval {inside}/{pairs}, its width (upper/lower) {width:.2f}")
         for mode, row in body["per_mode"].items():
             print(f"  {mode}: false onsets {row['false_onsets']} delays (sweeps) {row['delay_sweeps']}")
+        if body["judged_here"]:
+            print(f"  recorded before each point was metered, judged here: {body['judged_here']}")
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ from crossover_monitor.model import (
     THREAD_POOL,
     WORK_STEALING,
     DeviceInfo,
+    DeviceKind,
     HardwareContext,
     HostReference,
+    Mode,
     PointFigure,
     PointKey,
     Withheld,
@@ -641,10 +643,8 @@ class Guard:
         top = figure.upper_s
         # The share at the range's top, not at the slowed median, which a slowdown makes look less the host's.
         share = judged.host_share_at(top)
-        if share is None or share < _HOST_BOUND_SHARE:
-            return None
-        ratio = median / top
-        if ratio - 1.0 <= self._settings.host_max_slowdown:
+        ratio = past_idle_range(median, top, share, self._settings.host_max_slowdown)
+        if ratio is None or share is None:
             return None
         whose = "its idle range" if own is not None else f"the idle range of n = {figure.key.size}"
         return (
@@ -707,6 +707,26 @@ class JudgedPoint:
     median: Callable[[], float | None]
     host_share_at: Callable[[float], float | None] = lambda _: 1.0
     range_from: PointKey | None = None  # the point whose range stands in where it has none (a refinement's size)
+
+
+def host_share_at(kind: DeviceKind, mode: Mode, size: int, fixed_s: float | None, seconds: float) -> float | None:
+    """The share of a time ``seconds`` of a point that is the host's: all of a CPU or end_to_end point's (a copy of
+    host memory is host work too) and of the n = 1 point's (it is the fixed cost); a GPU compute point's host side is
+    about its fixed cost (``fixed_s``, its n = 1 point's median) over that time; None without that figure."""
+    if kind != "gpu" or mode != "compute" or size == 1:
+        return 1.0
+    return None if fixed_s is None else min(1.0, fixed_s / seconds)
+
+
+def past_idle_range(median_s: float, top_s: float, share_at_top: float | None, allowed: float) -> float | None:
+    """How many times the top of its idle range a point read (``median_s / top_s``) where that is past it by more
+    than ``allowed`` (guard.host_max_slowdown) and the point is host-bound at the top (at least
+    ``_HOST_BOUND_SHARE`` of its time there is the host's); None otherwise, or where the top is not a time. The
+    rule the guard applies while others use the host, and what benchmarks replay over recorded sweeps."""
+    if not (math.isfinite(top_s) and top_s > 0) or share_at_top is None or share_at_top < _HOST_BOUND_SHARE:
+        return None
+    ratio = median_s / top_s
+    return ratio if ratio - 1.0 > allowed else None
 
 
 def _others(load: HostLoad) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from crossover_monitor.bench.contract import Backend
-from crossover_monitor.bench.guard import Guard, JudgedPoint
+from crossover_monitor.bench.guard import Guard, JudgedPoint, host_share_at
 from crossover_monitor.bench.hostinfo import affinity_text
 from crossover_monitor.bench.timing import Clock, measure, with_visit
 from crossover_monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
@@ -344,16 +344,9 @@ class _Session:
 
 
 def _host_share_at(device: DeviceInfo, size: int, mode: Mode, fixed: Timing | None) -> Callable[[float], float | None]:
-    """The share of a time of the point that is the host's: all of a CPU or end_to_end point's (a copy of host
-    memory is host work too) and of the n = 1 point's (it is the fixed cost); a GPU compute point's host side
-    is about its fixed cost, over that time; None without the n = 1 point's figure."""
-
-    def share_at(seconds: float) -> float | None:
-        if device.kind != "gpu" or mode != "compute" or size == 1:
-            return 1.0
-        return None if fixed is None else min(1.0, fixed.median_s / seconds)
-
-    return share_at
+    """The share of a time of the point that is the host's (``guard.host_share_at``), from its n = 1 point's timing."""
+    fixed_s = None if fixed is None else fixed.median_s
+    return lambda seconds: host_share_at(device.kind, mode, size, fixed_s, seconds)
 
 
 def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guard | None = None) -> None:

@@ -1,0 +1,154 @@
+"""Recorded sweeps judged as the guard judges one now: scrapes read back into sweeps, and a sweep recorded before
+the service metered each point held against its points' idle ranges (benchmarks/replay.py, issue 32).
+
+The scrapes are a copy of ../shared/data/h200-2026-12-04 (an H200, PyTorch, main at 1878786): two idle sweeps and
+a third under 0.73 cores of steal and 0.82 cores of others, whose small points ran 1.07-2.45x the first's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from crossover_monitor.bench.guard import host_share_at, past_idle_range
+from crossover_monitor.model import CrossoverState, ServiceState, SweepOutcome, WithheldReason
+from crossover_monitor.settings import GuardSettings
+from crossover_monitor.state import StateStore
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import replay
+
+STEAL = REPO / "tests" / "fixtures" / "h200-2026-12-04" / "torch-idle-with-steal"
+GUARD = GuardSettings()
+
+
+def _scrapes() -> list[SweepOutcome]:
+    return [replay.scraped_sweep(path) for path in sorted(STEAL.glob("*.prom"))]
+
+
+def _calm_state(*sweeps: SweepOutcome) -> ServiceState:
+    """The state a service keeps after ``sweeps``, each judged (and so metered) before it is recorded."""
+    store = StateStore()
+    for index, sweep in enumerate(sweeps):
+        store.record(replay.at(replay.judged(sweep, store.read(), GUARD), replay.START + index * replay.SWEEP_S))
+    return store.read()
+
+
+def _points(outcome: SweepOutcome) -> set[str]:
+    assert outcome.snapshot is not None
+    return {f"{w.device} {w.point.mode} {w.point.size}" for w in outcome.snapshot.withheld if w.point is not None}
+
+
+def test_a_scrape_reads_back_as_the_sweep_it_served() -> None:
+    """Every timing of the scrape, its devices, environment and the CPU's load readings; the crossovers the current
+    code derives from the medians land where the scrape served them (its n* lines)."""
+    first, _, steal = _scrapes()
+    assert steal.snapshot is not None
+    snapshot = steal.snapshot
+    assert len(snapshot.measurements) == 40  # 10 sizes, 2 modes, 2 devices
+    assert {d.kind for d in snapshot.devices} == {"cpu", "gpu"}
+    assert dict(snapshot.environment)["framework"] == "torch"
+    assert dict(snapshot.environment)["framework_version"] == "2.11.0+cu130"
+    (cpu,) = snapshot.hardware
+    assert cpu.other_cpu_cores == pytest.approx(0.8169, abs=1e-3)
+    assert cpu.cpu_steal_cores == pytest.approx(0.7280, abs=1e-3)
+    assert steal.finished_at - steal.started_at == pytest.approx(69.72, abs=0.01)
+    served = {c.mode: c.size for c in replay._derived(steal)}
+    assert served["end_to_end"] == pytest.approx(455.7, rel=0.1)  # matmul_crossover_size in scrape-02
+    assert served["compute"] == pytest.approx(139.5, rel=0.1)
+    assert first.snapshot is not None
+    assert all(m.others_cores is None for m in first.snapshot.measurements)  # recorded before points were metered
+
+
+def test_the_steal_sweep_judged_by_its_ranges_withholds_its_slowed_points_and_both_crossovers() -> None:
+    """Against ranges from the two idle scrapes (each drawn twice: four calm sweeps), the steal sweep's slowed
+    host-bound points are withheld and the crossovers they could move with them; its GPU compute points of
+    n >= 1024 (kernel-bound, not the host's) stand."""
+    first, second, steal = _scrapes()
+    state = _calm_state(first, second, first, second)
+    assert state.point_figures, "four calm sweeps give every point a range"
+    judged = replay.judged(steal, state, GUARD)
+    withheld = _points(judged)
+    assert {"cpu end_to_end 512", "cuda:0 compute 128", "cuda:0 end_to_end 256", "cpu compute 1"} <= withheld
+    assert not {f"cuda:0 compute {n}" for n in (1024, 2048, 4096, 8192)} & withheld
+    assert judged.snapshot is not None
+    assert {w.reason for w in judged.snapshot.withheld} == {WithheldReason.HOST_SLOWED}
+    assert all("replayed" in w.detail and "0.82 cores" in w.detail for w in judged.snapshot.withheld)
+    states = {c.mode: c.state for c in replay._derived(judged)}
+    assert states == {"compute": CrossoverState.WITHHELD, "end_to_end": CrossoverState.WITHHELD}
+    # What the service publishes of it leaves the withheld points out, and no range takes its medians.
+    published = replay.at(judged, replay.START).snapshot
+    assert published is not None
+    assert len(published.measurements) == 40 - len(withheld)
+    after = _calm_state(first, second, first, second, steal)
+    assert {f.key: f.sweeps for f in after.point_figures} == {f.key: f.sweeps for f in state.point_figures}
+
+
+def test_an_idle_sweep_beside_others_stays_inside_its_ranges() -> None:
+    """Gated by the same load, an idle sweep whose points are inside their ranges withholds nothing."""
+    first, second, _ = _scrapes()
+    state = _calm_state(first, second, first, second)
+    assert second.snapshot is not None
+    busy_hour = dataclasses.replace(
+        second.snapshot, hardware=tuple(dataclasses.replace(h, other_cpu_cores=1.5) for h in second.snapshot.hardware)
+    )
+    judged = replay.judged(dataclasses.replace(second, snapshot=busy_hour), state, GUARD)
+    assert _points(judged) == set()
+    assert judged.snapshot is not None
+    assert {m.others_cores for m in judged.snapshot.measurements} == {1.5}
+
+
+def test_too_few_calm_sweeps_judge_nothing_and_a_metered_sweep_judged_itself() -> None:
+    """Below four calm sweeps a point has no range (the service's first sweeps); a sweep that metered its points
+    when it ran (the guard judged it then) is drawn as it is."""
+    first, second, steal = _scrapes()
+    assert _points(replay.judged(steal, _calm_state(first, second, first), GUARD)) == set()
+    state = _calm_state(first, second, first, second)
+    metered = replay.judged(first, state, GUARD)
+    assert metered is not first
+    assert replay.judged(metered, state, GUARD) is metered
+    assert steal.snapshot is not None
+    unread = dataclasses.replace(steal, snapshot=dataclasses.replace(steal.snapshot, hardware=()))
+    assert replay.judged(unread, state, GUARD) is unread  # no reading to gate on
+
+
+def test_an_unreadable_scrape_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "scrape.prom"
+    bad.write_text("matmul_duration_seconds{size=\n")
+    with pytest.raises(SystemExit, match=r"scrape\.prom: not a Prometheus text exposition"):
+        replay.scraped_sweep(bad)
+    empty = tmp_path / "empty.prom"
+    empty.write_text("matmul_sweeps_total 1\n")
+    with pytest.raises(SystemExit, match="no timings or no completed sweep"):
+        replay.scraped_sweep(empty)
+
+
+@pytest.mark.parametrize(
+    ("median", "top", "share", "expected"),
+    [
+        (1.2, 1.0, 1.0, 1.2),  # past the top by 20%: withheld
+        (1.09, 1.0, 1.0, None),  # within the allowance (10%): kept
+        (1.5, 1.0, 0.2, None),  # mostly the GPU's at the top: NVML's business
+        (1.5, 1.0, None, None),  # share not known
+        (1.5, 0.0, 1.0, None),  # a top that is not a time
+        (1.5, float("nan"), 1.0, None),
+    ],
+)
+def test_the_range_rule(median: float, top: float, share: float | None, expected: float | None) -> None:
+    found = past_idle_range(median, top, share, GUARD.host_max_slowdown)
+    assert found == (None if expected is None else pytest.approx(expected))
+
+
+def test_the_host_share_of_a_point() -> None:
+    """All of a CPU, end_to_end or n = 1 point's time is the host's; a GPU compute point's share is its fixed cost."""
+    assert host_share_at("cpu", "compute", 512, None, 1.0) == 1.0
+    assert host_share_at("gpu", "end_to_end", 512, None, 1.0) == 1.0
+    assert host_share_at("gpu", "compute", 1, None, 1.0) == 1.0
+    assert host_share_at("gpu", "compute", 512, 2e-5, 8e-5) == pytest.approx(0.25)
+    assert host_share_at("gpu", "compute", 64, 2e-5, 1e-5) == 1.0  # never more than all of it
+    assert host_share_at("gpu", "compute", 512, None, 8e-5) is None
