@@ -904,6 +904,32 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
     assert off.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3])) is None
 
 
+def test_a_point_inside_its_own_idle_range_stands_whatever_the_host_reference_read() -> None:
+    """The reference reads the host 1.5x slower on both tries, no others: a CPU point that reads inside its own
+    idle range (widened by 10%) stands, as it was not moved; one past it, one without a range, and a refinement's
+    size held against the next size's range are withheld by the reference, as before the ranges."""
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    figure = _figure("/CPU:0", 64, 10e-3)
+
+    def verdict(point: JudgedPoint) -> Withheld | None:
+        guard = fake_guard(
+            None, FakeHost([0.0]), reference=_readings([1.5e-3]), baseline=IDLE_REFERENCE, figures=[figure]
+        )
+        return guard.time_cpu_point(cpu, 1, lambda _: None, point)
+
+    assert verdict(_judged(figure, [10.9e-3])) is None
+    assert verdict(_judged(figure, [6e-3])) is None  # faster than its calm sweeps: not slowed either
+    for moved in (
+        _judged(figure, [12e-3]),
+        _judged(_figure("/CPU:0", 128, 10e-3), [10e-3]),  # no range of its own
+        dataclasses.replace(_judged(figure, [9e-3], size=60), range_from=figure.key),
+    ):
+        found = verdict(moved)
+        assert found is not None, moved.key
+        assert found.reason is WithheldReason.HOST_SLOWED
+        assert found.detail.startswith("the host ran 1.50x slower than its idle reference")
+
+
 def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_time_is_the_hosts() -> None:
     """A GPU compute point 2x its range beside a busy core: withheld where 30% of its time (at the range's top) is
     the host's; where 20% is, its move is the GPU's (NVML's look judges that), and it stands; so it does where

@@ -558,7 +558,9 @@ class Guard:
             record.add_try(load)
             others = max(others, _others(load))
             found = problems(load)
-            slowed = self._slowed(load, host_share()) or self._moved_beside_others(load, judged)
+            slowed = None
+            if not self._inside_own_range(judged):
+                slowed = self._slowed(load, host_share()) or self._moved_beside_others(load, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
@@ -623,6 +625,20 @@ class Guard:
             f"({reading * 1e3:.3g} ms against {self._reference_best * 1e3:.3g} ms), which moves a point "
             f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
         )
+
+    def _inside_own_range(self, judged: JudgedPoint | None) -> bool:
+        """Whether the point read inside its own idle range (its medians in recent calm sweeps), widened by
+        ``host_max_slowdown``. Then its figure stands whatever the host reference read: the reference predicts how
+        far a slowed host moved the point, and this point, timed, did not move past its calm sweeps (on an idle H100,
+        2 of 7 sweeps withheld points alone by reference readings of 1.47-1.72x). A refinement's size, held against
+        the next configured size's range, is not let through by that range: it lies above the size's own."""
+        if judged is None:
+            return False
+        figure = self._point_figures.get(judged.key)
+        median = judged.median()
+        if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
+            return False
+        return median / figure.upper_s - 1.0 <= self._settings.host_max_slowdown
 
     def _moved_beside_others(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
