@@ -560,7 +560,7 @@ class Guard:
             found = problems(load)
             slowed = None
             if not self._inside_own_range(judged):
-                slowed = self._slowed(load, host_share()) or self._moved_beside_others(load, judged)
+                slowed = self._slowed(load, host_share(), judged) or self._moved_beside_others(load, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
@@ -611,7 +611,7 @@ class Guard:
             return None
         return host_allowance(self._settings.host_max_slowdown, spread)
 
-    def _slowed(self, load: HostLoad, share: float) -> str | None:
+    def _slowed(self, load: HostLoad, share: float, judged: JudgedPoint | None = None) -> str | None:
         """Why the point's time is the slowed host's, or None: the slowdown times its host share is in bounds."""
         allowed = self._allowed()
         if load.host_slowdown is None or self._reference_best is None or allowed is None:
@@ -624,7 +624,28 @@ class Guard:
             f"the host ran {load.host_slowdown:.2f}x slower than its idle reference while it was timed "
             f"({reading * 1e3:.3g} ms against {self._reference_best * 1e3:.3g} ms), which moves a point "
             f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
+            f"{self._against_own_range(judged)}"
         )
+
+    def _against_own_range(self, judged: JudgedPoint | None) -> str:
+        """Where the point stood against its own idle range, for a reason that withholds it: what a user (or a
+        benchmark) checks the verdict by. Empty where it has no range yet."""
+        own = self._own_range(judged)
+        if own is None:
+            return ""
+        figure, median = own
+        return (
+            f"; it read {median * 1e3:.3g} ms, {median / figure.upper_s:.2f}x the top of its idle range over "
+            f"{figure.sweeps} calm sweeps"
+        )
+
+    def _own_range(self, judged: JudgedPoint | None) -> tuple[PointFigure, float] | None:
+        """The top of the point's own idle range and its median, where it has both (and the top is a time)."""
+        figure = None if judged is None else self._point_figures.get(judged.key)
+        median = None if judged is None else judged.median()
+        if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
+            return None
+        return figure, median
 
     def _inside_own_range(self, judged: JudgedPoint | None) -> bool:
         """Whether the point read inside its own idle range (its medians in recent calm sweeps), widened by
@@ -632,13 +653,8 @@ class Guard:
         far a slowed host moved the point, and this point, timed, did not move past its calm sweeps (on an idle H100,
         2 of 7 sweeps withheld points alone by reference readings of 1.47-1.72x). A refinement's size, held against
         the next configured size's range, is not let through by that range: it lies above the size's own."""
-        if judged is None:
-            return False
-        figure = self._point_figures.get(judged.key)
-        median = judged.median()
-        if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
-            return False
-        return median / figure.upper_s - 1.0 <= self._settings.host_max_slowdown
+        own = self._own_range(judged)
+        return own is not None and own[1] / own[0].upper_s - 1.0 <= self._settings.host_max_slowdown
 
     def _moved_beside_others(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
