@@ -834,6 +834,49 @@ def test_refinement_never_times_a_point_withheld_alone_again() -> None:
     assert refined, "refinement timed nothing: the test's premise is gone"
 
 
+class _RevisitSlowed(SlowedWhileTiming):
+    """The host 2x slower over the ``slowed`` points' second visit and after, not their first."""
+
+    def reference(self) -> float:
+        slowed = self.current in self.slowed and self.prepared[self.current] >= 2
+        return 2e-3 if slowed else 1e-3
+
+
+class _LoadByVisit(FakeHost):
+    """Others' load over each window by the point being timed and its visit: ``loads[(device, size, visit)]``,
+    0.1 cores elsewhere."""
+
+    def __init__(self, backend: SlowedWhileTiming, loads: dict[tuple[str, int, int], float]) -> None:
+        super().__init__([0.1])
+        self._backend = backend
+        self._loads = loads
+
+    def stop(self, started: object) -> HostLoad:
+        current = self._backend.current
+        visit = 0 if current is None else self._backend.prepared[current]
+        load = 0.1 if current is None else self._loads.get((*current, visit), 0.1)
+        return HostLoad(other_cores=load, throttled_s=0.0, own_wait=0.0, threads_wait=None)
+
+
+def test_a_refinement_round_taken_back_restores_what_others_used_over_the_visits_kept() -> None:
+    """n = 32's second round: the CPU's visit ran beside a busy core (1.0 cores of others), the GPU's was slowed
+    by the host and set aside, so the round is taken back. The CPU's point is its first visit again, and says the
+    0.1 cores of that visit, not the 1.0 of the visit it dropped: it still counts as calm for its idle range."""
+    backend = _RevisitSlowed({("/GPU:0", 32)})
+    host = _LoadByVisit(backend, {("/CPU:0", 32, 2): 1.0})
+    guard = fake_guard(FakeSampler(lambda _: IDLE), host, reference=backend.reference, baseline=IDLE_REFERENCE)
+    plan = make_plan("tests.fakes:curve", modes=("compute",), refine=RefineSettings(spacing=0.2, visits=2))
+    outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard, backend))
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert backend.prepared[("/CPU:0", 32)] == backend.prepared[("/GPU:0", 32)] == 2, "no second round of n = 32"
+    points = {(m.key.device, m.key.size): m for m in snapshot.measurements}
+    cpu = points[("/CPU:0", 32)]
+    assert cpu.timing.visit_count == 1
+    assert cpu.others_cores == pytest.approx(0.1)
+    assert points[("/CPU:0", 64)].timing.visit_count == 2  # a round that stood keeps its visits
+
+
 def test_a_withheld_fixed_cost_point_still_bounds_the_host_share_of_the_devices_other_points() -> None:
     """The host 1.3x slower over the GPU's n = 1 point (withheld alone: all of it is the host's) and over its
     n = 512 point, 7% of whose time is the host's: that point moved by about 2% and stands. Without the n = 1
