@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -78,7 +79,7 @@ def judge(
             continue
         key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
         figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).figure
-        if figure is None:
+        if figure is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             continue
         # The share at the range's top, as the guard takes it.
         ratio = past_idle_range(seconds, figure.upper_s, host_share(point, figure.upper_s, published), allowed)

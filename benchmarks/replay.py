@@ -35,6 +35,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import random
 import re
 import shutil
@@ -136,8 +137,12 @@ def _shared_node_sweeps(path: str, data: dict[str, Any], label: str) -> list[Swe
 
 def scraped_sweep(path: Path) -> SweepOutcome:
     """One sweep read back from a scrape of /metrics taken right after it: each point's median, spread and noisy
-    flag (not its blocks, which /metrics does not carry), the devices, the environment (``matmul_benchmark_info``),
-    the CPU's load readings, and when it ran. Its crossovers are left to the current code to derive."""
+    flag (not its blocks, which /metrics does not carry), the n = 1 fixed cost where it was not a configured size,
+    the devices, the environment (``matmul_benchmark_info``), the CPU's load readings, when it ran, and the devices
+    it withheld (their timings in the scrape are an earlier sweep's: ``load`` leaves such a sweep out). Every
+    timed size is taken as configured: /metrics does not say which were a refinement's. A sweep that withheld
+    points alone cannot be read back (/metrics counts them, not which sizes), and is refused.
+    Its crossovers are left to the current code to derive."""
     try:
         samples = parse_exposition(path.read_text(encoding="utf-8"))
     except ValueError as exc:
@@ -171,6 +176,29 @@ def scraped_sweep(path: Path) -> SweepOutcome:
             noisy=stop is StopReason.MAX_BLOCKS,
         )
         measurements.append(Measurement(key=key, timing=timing))
+    timed = {m.key for m in measurements}
+    for labels, fixed in series.get("matmul_fixed_cost_seconds", []):
+        key = point(labels | {"size": "1"})
+        if key not in timed:  # the fixed-cost point, timed beside the configured sizes: a GPU point's host share
+            timing = Timing(
+                median_s=fixed, iqr_s=0.0, blocks=0, calls_per_block=0, stop_reason=StopReason.CONVERGED, noisy=False
+            )
+            measurements.append(Measurement(key=key, timing=timing, role="fixed_cost"))
+    if any(count > 0 for _, count in series.get("matmul_points_withheld", [])):
+        sys.exit(
+            f"{path}: its sweep withheld points alone, and /metrics does not say which sizes; replay it from "
+            "`once --json` or the run history instead"
+        )
+    withheld = tuple(
+        Withheld(
+            backend=labels.get("backend", ""),
+            device=labels.get("device", ""),
+            reason=WithheldReason(labels["reason"]),
+            detail="withheld in the scraped sweep (its timings there are an earlier sweep's)",
+        )
+        for labels, value in series.get("matmul_device_withheld", [])
+        if value > 0
+    )
     devices = tuple(
         DeviceInfo(
             backend=labels["backend"],
@@ -203,6 +231,7 @@ def scraped_sweep(path: Path) -> SweepOutcome:
         crossovers=(),
         environment=tuple(sorted(environment.items())),
         hardware=(hardware,),
+        withheld=withheld,
     )
     return SweepOutcome(
         result=SweepResult.SUCCESS, started_at=finished - duration, finished_at=finished, snapshot=snapshot
@@ -234,7 +263,7 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
         }
         for m in metered:
             figure = figures.get(m.key)
-            if m.role == "refine" or figure is None:
+            if m.role == "refine" or figure is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
                 continue  # a refinement's sizes move from sweep to sweep; the service keeps no range of them
             key = m.key
             share = host_share_at(
@@ -270,7 +299,7 @@ def _device_withheld(outcome: SweepOutcome) -> bool:
     return any(w.whole_device for w in outcome.snapshot.withheld)
 
 
-@functools.cache
+@functools.lru_cache(maxsize=4096)  # bounded: a sweep judged here is a new object whenever its ranges moved
 def _derived(outcome: SweepOutcome) -> tuple[Crossover, ...]:
     """The sweep's crossovers as the current code derives them (the same every time: its resampling is seeded)."""
     snapshot = outcome.snapshot
@@ -405,13 +434,15 @@ def coverage(served: Sequence[Served], mode: str) -> tuple[int, int]:
 YOUNG_SWEEPS = 6  # a service's first sweeps: its intervals rest on few earlier moves
 
 
-def young_coverage(idle: Sequence[SweepOutcome], starts: int, seed: int) -> dict[str, tuple[int, int]]:
+def young_coverage(
+    idle: Sequence[SweepOutcome], starts: int, seed: int, *, unjudged: bool = False
+) -> dict[str, tuple[int, int]]:
     """Per mode, (next n* inside the interval served before it, pairs) over the first YOUNG_SWEEPS sweeps of
     ``starts`` services started afresh, each drawing its sweeps from ``idle``: what a new node's first hours serve."""
     rng = random.Random(seed)
     totals: dict[str, list[int]] = {}
     for _ in range(starts):
-        served = served_sequence([rng.choice(idle) for _ in range(YOUNG_SWEEPS)])
+        served = served_sequence([rng.choice(idle) for _ in range(YOUNG_SWEEPS)], unjudged=unjudged)
         for mode in sorted({k[4] for sweep in served for k in sweep}):
             inside, pairs = coverage(served, mode)
             total = totals.setdefault(mode, [0, 0])
@@ -546,16 +577,18 @@ def replay(
         first |= answers["first"]
         after |= answers["after"]
     modes = sorted({k[4] for s in served.values() for sweep in s for k in sweep})
-    widths = {
-        mode: statistics.median(
+    ratios = {
+        mode: [
             v.ci_upper / v.ci_lower
             for s in served.values()
             for sweep in s
             for k, v in sweep.items()
             if k[4] == mode and v.ci_lower and v.ci_upper
-        )
+        ]
         for mode in modes
     }
+    # None where no sweep found an n* (TensorFlow's compute below the smallest size: gpu_always_faster).
+    widths = {mode: statistics.median(found) if found else None for mode, found in ratios.items()}
     result: dict[str, Any] = {
         "runs": runs,
         "days": days,
@@ -638,7 +671,7 @@ def main() -> None:
         "as_recorded": args.as_recorded,
         "unjudged": args.unjudged,
     }
-    young = young_coverage(idle, args.young_starts, args.seed)
+    young = young_coverage(idle, args.young_starts, args.seed, unjudged=args.unjudged)
     for mode, (inside, pairs) in young.items():
         print(
             f"young services ({args.young_starts}, first {YOUNG_SWEEPS} sweeps): {mode} next n* inside {inside}/{pairs}"
@@ -669,7 +702,8 @@ def main() -> None:
         print(f"{phase}: {body['runs']} runs of {body['days']:g} days")
         for mode, (inside, pairs) in body["coverage"].items():
             width = body["interval_width_median"][mode]
-            print(f"  {mode}: next n* inside the served interval {inside}/{pairs}, its width (upper/lower) {width:.2f}")
+            wide = "none served" if width is None else f"{width:.2f}"
+            print(f"  {mode}: next n* inside the served interval {inside}/{pairs}, its width (upper/lower) {wide}")
         for mode, row in body["per_mode"].items():
             print(f"  {mode}: false onsets {row['false_onsets']} delays (sweeps) {row['delay_sweeps']}")
         if body["judged_here"]:

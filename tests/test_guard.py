@@ -974,14 +974,18 @@ def test_a_point_inside_its_own_idle_range_stands_whatever_the_host_reference_re
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     figure = _figure("/CPU:0", 64, 10e-3)
 
-    def verdict(point: JudgedPoint) -> Withheld | None:
+    def verdict(point: JudgedPoint, reference: float = 1.5e-3) -> Withheld | None:
         guard = fake_guard(
-            None, FakeHost([0.0]), reference=_readings([1.5e-3]), baseline=IDLE_REFERENCE, figures=[figure]
+            None, FakeHost([0.0]), reference=_readings([reference]), baseline=IDLE_REFERENCE, figures=[figure]
         )
-        return guard.time_cpu_point(cpu, 1, lambda _: None, point)
+        found = guard.time_cpu_point(cpu, 1, lambda _: None, point)
+        # Let through by its range while the host read slowed, it says no reading, so it does not join that range.
+        assert (guard.last_point_others is None) is (found is None and reference > 1.2e-3)
+        return found
 
     assert verdict(_judged(figure, [10.9e-3])) is None
     assert verdict(_judged(figure, [6e-3])) is None  # faster than its calm sweeps: not slowed either
+    assert verdict(_judged(figure, [10.9e-3]), reference=1e-3) is None  # the host at its figure: a calm reading
     for moved in (
         _judged(figure, [12e-3]),
         _judged(_figure("/CPU:0", 128, 10e-3), [10e-3]),  # no range of its own

@@ -541,7 +541,8 @@ class Guard:
 
         Beside what the meter counts, the host reference is read before and after the point: a host that
         ran slower than its idle reference moved the point by about that slowdown times its host share. And
-        while others use the host, a host-bound point slower than its own idle range was moved by them.
+        while others use the host, a host-bound point slower than its own idle range was moved by them. A point
+        that reads inside its own idle range was not moved, whatever the reference read (``_inside_own_range``).
         """
         found: list[str] = []
         slowed: str | None = None
@@ -558,13 +559,17 @@ class Guard:
             record.add_try(load)
             others = max(others, _others(load))
             found = problems(load)
-            slowed = None
-            if not self._inside_own_range(judged):
+            slowed, let_through = None, False
+            if self._inside_own_range(judged):
+                let_through = self._slowed(load, host_share(), judged) is not None
+            else:
                 slowed = self._slowed(load, host_share(), judged) or self._moved_beside_others(load, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
-        self._last_others = others
+        # A point that stood only by its range while the reference read the host slowed was not timed with the
+        # host to itself: no reading, so that it does not join (and widen) the range that let it through.
+        self._last_others = None if let_through else others
         if found:
             reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
         elif slowed is not None:
@@ -694,7 +699,8 @@ class Guard:
     @property
     def last_point_others(self) -> float | None:
         """The most other programs (or steal) used of the host over the last point's tries, in cores; None before
-        any point, or where the guard does not meter the host."""
+        any point, where the guard does not meter the host, or where the point stood only because it read inside its
+        own idle range while the host reference read the host slowed (it must not count as calm)."""
         return self._last_others
 
     @property
