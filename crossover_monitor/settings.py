@@ -340,14 +340,15 @@ class GuardSettings(Section):
         ),
     )
     # A point that the host's slowdown (the host reference against its idle figure, times the share of the
-    # point's time that is the host's) moved by more than this is disturbed: timed again, then host_slowed.
+    # point's time that is the host's) moved by more than this is disturbed: timed again, then host_slowed;
+    # unless it read within this of the top of its own idle range (then it did not move).
     host_max_slowdown: float = field(
         default=0.10,
         metadata=key(
             "host_max_slowdown",
             number(0, MAX_COUNT),
             "a point a slower host moved by more than this share (the reference's slowdown × the point's host share)"
-            " is disturbed",
+            " is disturbed, unless it read within this share of its own idle range's top",
         ),
     )
     # While other programs (or the hypervisor) use at least this many cores, a host-bound point is also held
