@@ -53,15 +53,24 @@ def test_tensorflow_sweeps_raise_no_false_alert_and_the_planted_change_fires_whe
 
 
 def test_torch_sweeps_raise_no_false_alert_and_launch_blocking_fires_compute_only() -> None:
-    """Four idle days: no alert; CUDA_LAUNCH_BLOCKING=1 (compute n* +70%, end_to_end stays) fires compute only."""
+    """Four idle days: no alert; CUDA_LAUNCH_BLOCKING=1 (compute n* +70%, end_to_end stays) fires compute only.
+
+    The one planted sweep that timed both devices was recorded beside 1.22 cores of other programs (0.40 of them
+    steal): judged by its points' idle ranges, as the guard judges such a sweep now, its slowed GPU points are
+    withheld and the change is served only once a calm sweep times it (none in this pool). So the change's
+    paging is replayed from the sweep as it published, and the judgement's side is asserted apart.
+    """
     idle = replay.load([str(TORCH)])
     planted = replay.load([f"{TORCH}:planted-launch-blocking"])
-    found = replay.replay(idle, planted, runs=2, days=4, plant_day=3)
+    found = replay.replay(idle, planted, runs=2, days=4, plant_day=3, unjudged=True)
     compute, end_to_end = found["per_mode"]["compute"], found["per_mode"]["end_to_end"]
     assert compute["false_onsets"] == [0, 0]
     assert end_to_end["false_onsets"] == [0, 0]
     assert all(d is not None and d <= 8 for d in compute["delay_sweeps"]), compute
     assert end_to_end["delay_sweeps"] == [None, None]
+    judged = replay.replay(idle, planted, runs=1, days=4, plant_day=3)
+    assert judged["per_mode"]["compute"]["false_onsets"] == [0]
+    assert judged["judged_here"]["beside_others"] > 0  # the planted sweep, judged by its ranges
 
 
 @pytest.mark.parametrize("factor", [1.5, 1 / 1.5], ids=["up", "down"])
