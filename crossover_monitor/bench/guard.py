@@ -635,7 +635,7 @@ class Guard:
     def _against_own_range(self, judged: JudgedPoint | None) -> str:
         """Where the point stood against its own idle range, for a reason that withholds it: what a user (or a
         benchmark) checks the verdict by. Empty where it has no range yet."""
-        own = self._own_range(judged)
+        own = self._range_of(judged)
         if own is None:
             return ""
         figure, median = own
@@ -644,10 +644,15 @@ class Guard:
             f"{figure.sweeps} calm sweeps"
         )
 
-    def _own_range(self, judged: JudgedPoint | None) -> tuple[PointFigure, float] | None:
-        """The top of the point's own idle range and its median, where it has both (and the top is a time)."""
-        figure = None if judged is None else self._point_figures.get(judged.key)
-        median = None if judged is None else judged.median()
+    def _range_of(self, judged: JudgedPoint | None, *, stand_in: bool = False) -> tuple[PointFigure, float] | None:
+        """The top of the point's own idle range (or, with ``stand_in``, of the range standing in where it has none:
+        a refinement's size) and its median, where it has both and the top is a time."""
+        if judged is None:
+            return None
+        figure = self._point_figures.get(judged.key)
+        if figure is None and stand_in and judged.range_from is not None:
+            figure = self._point_figures.get(judged.range_from)
+        median = judged.median()
         if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             return None
         return figure, median
@@ -658,7 +663,7 @@ class Guard:
         far a slowed host moved the point, and this point, timed, did not move past its calm sweeps (on an idle H100,
         2 of 7 sweeps withheld points alone by reference readings of 1.47-1.72x). A refinement's size, held against
         the next configured size's range, is not let through by that range: it lies above the size's own."""
-        own = self._own_range(judged)
+        own = self._range_of(judged)
         return own is not None and own[1] / own[0].upper_s - 1.0 <= self._settings.host_max_slowdown
 
     def _moved_beside_others(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
@@ -670,20 +675,17 @@ class Guard:
         BLAS job on an H200: points 1.25-1.35x their idle range while the reference read 1.07x)."""
         host = self._host
         others = _others(load)
-        if judged is None or host is None or others < self._settings.point_figure_other_cores:
+        found = self._range_of(judged, stand_in=True)
+        if judged is None or host is None or others < self._settings.point_figure_other_cores or found is None:
             return None
-        own = self._point_figures.get(judged.key)
-        figure = own or (None if judged.range_from is None else self._point_figures.get(judged.range_from))
-        median = judged.median()
-        if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
-            return None
+        figure, median = found
         top = figure.upper_s
         # The share at the range's top, not at the slowed median, which a slowdown makes look less the host's.
         share = judged.host_share_at(top)
         ratio = past_idle_range(median, top, share, self._settings.host_max_slowdown)
         if ratio is None or share is None:
             return None
-        whose = "its idle range" if own is not None else f"the idle range of n = {figure.key.size}"
+        whose = "its idle range" if figure.key == judged.key else f"the idle range of n = {figure.key.size}"
         return (
             f"it ran {ratio:.2f}x the top of {whose} over {figure.sweeps} calm sweeps ({median * 1e3:.3g} ms "
             f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "

@@ -257,7 +257,15 @@ class _Session:
                 device,
                 threads,
                 lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
-                self._judged(device, size, dtype, mode, timings, share_at=lambda _: 1.0, revisit=calls is not None),
+                self._judged(
+                    device,
+                    size,
+                    dtype,
+                    mode,
+                    timings,
+                    share_at=_host_share_at(device, size, mode, None),
+                    revisit=calls is not None,
+                ),
             )
             timing = timings[-1]
         if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
