@@ -142,7 +142,7 @@ def sweep(
         cpu_threads=args.threads,
         refine=RefineSettings(enabled=refine, budget_s=20),
     )
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     kept = STORE.read()
     plan = Plan(
         bench=bench,
@@ -153,7 +153,12 @@ def sweep(
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     STORE.record(outcome)
     snapshot = outcome.snapshot
-    result: dict[str, Any] = {"result": outcome.result.value, "reason": outcome.reason, "s": time.monotonic() - started}
+    result: dict[str, Any] = {
+        "result": outcome.result.value,
+        "reason": outcome.reason,
+        "s": time.monotonic() - started,
+        "started_at": started_at,  # unix time: to set beside dispatch_timeline.py's readings
+    }
     # The whole sweep as `once --json` prints it, so that replay.py can draw it (PATH.json:SHAPE).
     result["once"] = json.loads(render_json(outcome))
     if snapshot is None:

@@ -57,6 +57,13 @@ _YOUNG_MOVE = math.log(1.3)
 # The interval is for where the next sweep's n* lands, not where the true n* is: the next sweep's
 # estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
 _NEXT_SWEEP_WIDENING = math.sqrt(2)
+# A size missing from a curve is taken to have the lead its neighbours share only where they lead by more
+# than this (log speed-up: 1.35x). In 256 recorded sweeps (benchmarks/crossover_gaps.py, 2026-12-07), of 1783
+# sizes between two neighbours that shared a lead, 19 led the other way, each beside a neighbour leading by at
+# most 1.26x (none of 1211 where both led by more than 1.35x); an H100's GPU points at 432 and 512 withheld
+# between end_to_end wins of 1.04x (360) and 1.07x (728) had left n* = 344 published where the curves crossed
+# three times.
+_CLEAR_LEAD = math.log(1.35)
 # n* is fitted through the revisited sizes within this factor of the bracket. Each sweep's levels
 # move per size and per process (on an H200 with TensorFlow's end_to_end, 5-10% a size between
 # fresh processes, beyond what 7 visits average out), and the curves there meet at a shallow angle,
@@ -311,8 +318,11 @@ def _pair(curves: _Curves, gaps: Mapping[tuple[str, str, str, str], set[int]], t
     gpu_key = (template.backend, template.gpu, template.dtype, template.mode)
     cpu_key = (template.backend, template.cpu, template.dtype, template.mode)
     gpu, cpu = curves.get(gpu_key, {}), curves.get(cpu_key, {})
-    gap = gaps.get(gpu_key, set()) | gaps.get(cpu_key, set())
     common = sorted(set(gpu) & set(cpu))
+    # A size timed on one side only (its point on the other was withheld or failed) is a gap as well, where
+    # the pair shares any size (a GPU that measured nothing has no crossover, not a withheld one).
+    one_sided = set(gpu) ^ set(cpu) if common else set()
+    gap = gaps.get(gpu_key, set()) | gaps.get(cpu_key, set()) | one_sided
     points = [speedup_point(n, cpu[n], gpu[n]) for n in common]
     if gap and (not points or _gap_could_move(points, gap)):
         return replace(template, state=CrossoverState.WITHHELD)
@@ -334,21 +344,22 @@ def _pair(curves: _Curves, gaps: Mapping[tuple[str, str, str, str], set[int]], t
 def _gap_could_move(points: Sequence[SpeedupPoint], gap: Iterable[int]) -> bool:
     """Whether sizes missing from a curve could change its state or n*: one between two sizes with different
     leads (the change of lead is inside it), one below the smallest size where the GPU already wins there
-    (it may lose below, or not), one above the largest where it still loses.
+    (it may lose below, or not), one above the largest where it still loses; and one beside a size whose lead
+    is not clear (``_CLEAR_LEAD``), where the curves run close enough for a point between to lead the other way.
 
     Elsewhere a point at the missing size would have the lead of both its neighbours (or of the one it
     has, at an end where that lead is the curve's expected one), as the timings either side say.
     """
     ordered = sorted(points, key=lambda p: p.size)
     for size in gap:
-        below = [p.median > 0 for p in ordered if p.size < size]
-        above = [p.median > 0 for p in ordered if p.size > size]
-        if not below:  # at the small end: does the GPU win below the smallest size it already wins at?
-            could = not above or above[0]
-        elif not above:  # at the large end: does it win above the largest it still loses at?
-            could = not below[-1]
+        below = [p.median for p in ordered if p.size < size][-1:]
+        above = [p.median for p in ordered if p.size > size][:1]
+        if not below:  # at the small end: it keeps the CPU's lead only below a clear CPU win
+            could = not above or above[0] > -_CLEAR_LEAD
+        elif not above:  # at the large end: the GPU's, above a clear GPU win
+            could = below[0] < _CLEAR_LEAD
         else:
-            could = below[-1] != above[0]
+            could = (below[0] > 0) != (above[0] > 0) or min(abs(below[0]), abs(above[0])) < _CLEAR_LEAD
         if could:
             return True
     return False

@@ -128,3 +128,17 @@ def test_shared_node_reports_a_recorded_cotenant_run_with_the_host_of_each_sweep
     assert result.returncode == 0, result.stderr
     assert "blas1: partial, 17 points published" in result.stdout
     assert "host in the idle sweep: reference 0.584 ms 0.98 other, 1.05 steal" in result.stdout
+
+
+def test_no_recorded_size_led_against_two_neighbours_that_both_led_clearly() -> None:
+    """The margin by which the crossover takes a missing size to lead as its neighbours do (1.35x) stands on
+    the recorded sweeps: crossover_gaps.py finds no size there that went against two clearer leads."""
+    from crossover_monitor.crossover import _CLEAR_LEAD  # noqa: PLC0415 - the constant under test
+
+    result = _run(BENCHMARKS / "crossover_gaps.py")
+    assert result.returncode == 0, result.stderr
+    sweeps = int(result.stdout.split(" recorded sweeps", 1)[0])
+    assert sweeps >= 100, result.stdout  # the results folder's sweeps were found and read
+    clearest = re.search(r"the clearest shared lead a size went against: ([\d.]+)", result.stdout)
+    assert clearest is not None, result.stdout
+    assert float(clearest.group(1)) < _CLEAR_LEAD

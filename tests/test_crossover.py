@@ -192,6 +192,47 @@ def test_a_gap_at_an_end_withholds_a_state_it_could_change() -> None:
     )
 
 
+# The end_to_end medians (seconds) of an idle TensorFlow sweep on an H100, 2026-12-07
+# (benchmarks/results/shared-node-tensorflow-cpu-timeline-h100-2026-12-07.json, idle sweep 1): the host slowed
+# its GPU points at 432 (a refinement) and 512, which were withheld. The curves ran within 1.04-1.07x of each
+# other from 360 to 728 and crossed three times in the sweeps around it; published, n* was 344.
+_H100_E2E_CPU = {96: 64.3e-6, 128: 84.5e-6, 160: 116.6e-6, 256: 342.4e-6, 304: 573.9e-6, 360: 834.8e-6}
+_H100_E2E_CPU |= {432: 909.8e-6, 512: 1046.8e-6, 728: 2277.99e-6, 1024: 7296.1e-6, 2048: 32720.9e-6}
+_H100_E2E_GPU = {96: 259.8e-6, 128: 347.7e-6, 160: 323.5e-6, 256: 576.0e-6, 304: 711.8e-6, 360: 804.1e-6}
+_H100_E2E_GPU |= {728: 2119.3e-6, 1024: 4037.3e-6, 2048: 15079.7e-6}
+
+
+def test_a_gap_between_sizes_the_gpu_wins_by_little_withholds_the_crossover() -> None:
+    """The recorded sweep: its GPU points at 432 (timed on the CPU only) and 512 (withheld) lie between GPU
+    wins of 1.04x and 1.07x, where a point may lead the other way: the crossover is withheld, not n* = 344."""
+    found = _gapped(_H100_E2E_CPU, _H100_E2E_GPU, ("/GPU:0", 512))
+    assert found.state is CrossoverState.WITHHELD
+    # The same sizes with the GPU's lead from 360 on clear (1.5x): the missing points would lead as both
+    # neighbours do, so the crossover stands, between 304 and 360.
+    clear = {n: t if n < 360 else _H100_E2E_CPU[n] / 1.5 for n, t in _H100_E2E_GPU.items()}
+    found = _gapped(_H100_E2E_CPU, clear, ("/GPU:0", 512))
+    assert found.state is CrossoverState.FOUND
+    assert (found.lower, found.upper) == (304, 360)
+
+
+@pytest.mark.parametrize(
+    ("lead", "state"),
+    [(1.2, CrossoverState.WITHHELD), (1.3, CrossoverState.WITHHELD), (1.4, CrossoverState.FOUND)],
+)
+def test_a_size_timed_on_one_side_only_is_a_gap_unless_its_neighbours_lead_clearly(
+    lead: float, state: CrossoverState
+) -> None:
+    """A refinement's GPU point the guard withheld leaves its size on the CPU's curve only (no withheld point
+    is named for it): it withholds the crossover as a named gap would, where the GPU wins around it by less
+    than 1.35x."""
+    cpu = {64: 1.0, 128: 1.0, 192: 1.0, 256: 1.0, 512: 1.0}
+    gpu = {64: 2.0, 128: 1 / lead, 256: 1 / lead, 512: 0.1}
+    measurements = [_measurement("/CPU:0", n, t) for n, t in cpu.items()]
+    measurements += [_measurement("/GPU:0", n, t) for n, t in gpu.items()]
+    (found,) = crossovers([CPU, GPU0], measurements)
+    assert found.state is state
+
+
 def test_find_crossover_needs_points() -> None:
     """An empty curve is a programming error, not a state."""
     with pytest.raises(ValueError, match="no points"):
