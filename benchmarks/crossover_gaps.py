@@ -85,7 +85,7 @@ def leads(snapshot: Snapshot) -> dict[tuple[str, str, str, str, str], list[tuple
     kinds = {d.device: d.kind for d in snapshot.devices}
     grouped = group_curves(snapshot.measurements, roles=("sweep", "refine"))
     curves = {(k.backend, k.device, k.dtype, k.mode): {n: m.timing for n, m in p.items()} for k, p in grouped.items()}
-    found = {}
+    found: dict[tuple[str, str, str, str, str], list[tuple[int, float]]] = {}
     for (backend, gpu, dtype, mode), gpu_curve in curves.items():
         if kinds.get(gpu) != "gpu":
             continue

@@ -359,7 +359,8 @@ class GuardSettings(Section):
         metadata=key(
             "point_figure_other_cores",
             number(0, MAX_COUNT),
-            "while others use this many cores, a host-bound point past its own calm sweeps' range is disturbed",
+            "while others use this many cores (or the host reference reads the host slowed), a host-bound point past "
+            "its own calm sweeps' range is disturbed",
         ),
     )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off

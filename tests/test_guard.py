@@ -980,7 +980,9 @@ def test_a_point_inside_its_own_idle_range_stands_whatever_the_host_reference_re
         )
         found = guard.time_cpu_point(cpu, 1, lambda _: None, point)
         # Let through by its range while the host read slowed, it says no reading, so it does not join that range.
-        assert (guard.last_point_others is None) is (found is None and reference > 1.2e-3)
+        # Timed while the host read slowed, it says no reading (withheld or let through by its range), so that
+        # it does not join that range.
+        assert (guard.last_point_others is None) is (reference > 1.2e-3)
         return found
 
     assert verdict(_judged(figure, [10.9e-3])) is None
@@ -1000,6 +1002,35 @@ def test_a_point_inside_its_own_idle_range_stands_whatever_the_host_reference_re
     assert "(allowed 10%); it read 12 ms, 1.20x the top of its idle range over 12 calm sweeps (timed twice)" in (
         moved_detail.detail
     )
+
+
+def test_a_point_past_its_idle_range_while_the_reference_read_the_host_slowed_is_withheld_with_no_others() -> None:
+    """No other program, the reference reads the host 1.3x slower on both tries: a GPU point 30% of whose time is
+    the host's moves by about 9% by the reference (allowed 10%), yet reads 1.5x the top of its idle range: the
+    host moved it further than the reference's reading says (an idle H100, 2026-12-07), so it is withheld by its
+    range, naming the reading. With the reference at its figure the same point stands (a real change is
+    published); so it does within its range. Timed while the host read slowed, a point says no others reading."""
+    gpu = DeviceInfo(backend="fake", device="/GPU:0", kind="gpu", name="gpu")
+    figure = _figure("/GPU:0", 512, 40e-6)
+
+    def verdict(reference: float, median: float) -> tuple[Withheld | None, float | None]:
+        guard = fake_guard(
+            None, FakeHost([0.0]), reference=_readings([reference]), baseline=IDLE_REFERENCE, figures=[figure]
+        )
+        found = guard.time_gpu_point(gpu, lambda: None, lambda: 0.3, _judged(figure, [median], share=0.3))
+        return found, guard.last_point_others
+
+    slowed, others = verdict(1.3e-3, 60e-6)
+    assert slowed is not None
+    assert slowed.reason is WithheldReason.HOST_SLOWED
+    assert slowed.detail == (
+        "it ran 1.50x the top of its idle range over 12 calm sweeps (0.06 ms against 0.04 ms, allowed 10%) while "
+        "the host reference read the host 1.30x slower than its idle figure, and 30% of its time is the host's "
+        "(timed twice)"
+    )
+    assert others is None
+    assert verdict(1.0e-3, 60e-6) == (None, 0.0)  # the host at its figure: published, and a calm reading
+    assert verdict(1.3e-3, 42e-6) == (None, None)  # inside its range: stands, but joins no range
 
 
 def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_time_is_the_hosts() -> None:

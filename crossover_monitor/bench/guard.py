@@ -559,17 +559,17 @@ class Guard:
             record.add_try(load)
             others = max(others, _others(load))
             found = problems(load)
-            slowed, let_through = None, False
-            if self._inside_own_range(judged):
-                let_through = self._slowed(load, host_share(), judged) is not None
-            else:
-                slowed = self._slowed(load, host_share(), judged) or self._moved_beside_others(load, judged)
+            slowed = None
+            if not self._inside_own_range(judged):
+                slowed = self._slowed(load, host_share(), judged) or self._moved_past_own_range(load, judged)
             if not found and slowed is None:
                 break
         record.settle(load)
-        # A point that stood only by its range while the reference read the host slowed was not timed with the
-        # host to itself: no reading, so that it does not join (and widen) the range that let it through.
-        self._last_others = None if let_through else others
+        # A point timed while the reference read the host slowed (one its range let through, or one the slowdown
+        # moved by less than the allowance) was not timed with the host to itself: no reading, so that it does
+        # not join (and widen) its range: on an H100 whose host slowed by itself, ranges that took such points in
+        # would come to hold the slowed state.
+        self._last_others = None if self._reference_read_slowed(load) else others
         if found:
             reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
         elif slowed is not None:
@@ -666,17 +666,30 @@ class Guard:
         own = self._range_of(judged)
         return own is not None and own[1] / own[0].upper_s - 1.0 <= self._settings.host_max_slowdown
 
-    def _moved_beside_others(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
+    def _reference_read_slowed(self, load: HostLoad) -> bool:
+        """Whether the host reference read the host slower than its idle figure by more than the allowance over
+        the point (whatever share of the point is the host's)."""
+        allowed = self._allowed()
+        return load.host_slowdown is not None and allowed is not None and load.host_slowdown - 1.0 > allowed
+
+    def _moved_past_own_range(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
-        ``point_figure_other_cores`` of the host, reads past the top of its idle range (recent calm sweeps) by
-        more than ``host_max_slowdown``, or None. Only a host-bound point: the reference reads the timing
-        thread, but a neighbour's BLAS thread beside one of a framework's pool threads, or its memory traffic
-        beside a copy, slows the point and leaves the reference almost as fast (TensorFlow beside a 1-thread
-        BLAS job on an H200: points 1.25-1.35x their idle range while the reference read 1.07x)."""
+        ``point_figure_other_cores`` of the host, or while the host reference read the host slowed past its
+        allowance, reads past the top of its idle range (recent calm sweeps) by more than ``host_max_slowdown``,
+        or None. Only a host-bound point: the reference reads the timing thread, but a neighbour's BLAS thread
+        beside one of a framework's pool threads, or its memory traffic beside a copy, slows the point and leaves
+        the reference almost as fast (TensorFlow beside a 1-thread BLAS job on an H200: points 1.25-1.35x their
+        idle range while the reference read 1.07x); and a host that slowed by itself moved points further than
+        the reference's reading times their host share says (an idle H100, 2026-12-07: GPU compute n = 512 at
+        1.5x its other sweeps' while the reference's reading over it passed). With neither, a point past its
+        range is published: that is what a real change looks like."""
         host = self._host
         others = _others(load)
         found = self._range_of(judged, stand_in=True)
-        if judged is None or host is None or others < self._settings.point_figure_other_cores or found is None:
+        beside_others = others >= self._settings.point_figure_other_cores
+        if judged is None or host is None or found is None:
+            return None
+        if not beside_others and not self._reference_read_slowed(load):
             return None
         figure, median = found
         top = figure.upper_s
@@ -686,10 +699,14 @@ class Guard:
         if ratio is None or share is None:
             return None
         whose = "its idle range" if figure.key == judged.key else f"the idle range of n = {figure.key.size}"
+        if beside_others:
+            beside = f"others used {others:.2f} cores of the {host.cores()}"
+        else:
+            beside = f"the host reference read the host {load.host_slowdown or 1.0:.2f}x slower than its idle figure"
         return (
             f"it ran {ratio:.2f}x the top of {whose} over {figure.sweeps} calm sweeps ({median * 1e3:.3g} ms "
-            f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while others used "
-            f"{others:.2f} cores of the {host.cores()}, and {share:.0%} of its time is the host's"
+            f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while {beside}, and "
+            f"{share:.0%} of its time is the host's"
         )
 
     def use_point_figures_timed_as(self, timed_as: str, environment: Mapping[str, str]) -> None:
