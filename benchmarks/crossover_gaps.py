@@ -160,8 +160,21 @@ def changes(sweeps: list[tuple[str, Snapshot]], before: ModuleType) -> None:
             changed += 1
             size = f" {old.size:.1f} ({old.lower}-{old.upper})" if old.size is not None else ""
             print(f"{name}: {key[0]} {key[4]}: {old.state.value}{size} -> {new.state.value}")
-            named = sorted(p.size for p in gaps if p.mode == key[4] and p.dtype == key[3])
-            print(f"  named gaps {named}; leads " + " ".join(f"{n}:{r:+.2f}" for n, r in curves.get(key, [])))
+            pair = {key[1], key[2]}
+            named = sorted(
+                {(p.device, p.size) for p in gaps if p.mode == key[4] and p.dtype == key[3] and p.device in pair}
+            )
+            sides = {
+                d: {
+                    m.key.size
+                    for m in snapshot.measurements
+                    if (m.key.device, m.key.mode, m.key.dtype) == (d, key[4], key[3])
+                }
+                for d in pair
+            }
+            one_sided = sorted(sides[key[1]] ^ sides[key[2]])
+            print(f"  withheld {named}; timed on one side only {one_sided}")
+            print("  leads " + " ".join(f"{n}:{r:+.2f}" for n, r in curves.get(key, [])))
     print(f"{total} crossovers, {changed} derived otherwise")
 
 

@@ -243,7 +243,11 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
     idle ranges in ``state`` (the module's docstring says how); one that metered its points judged itself, and
     is returned as it is. Its points carry the sweep's load reading, so that the store keeps a calm one's medians."""
     snapshot = outcome.snapshot
+    # Metered: a point says what others used, or a point was withheld alone (which the guard did only once it
+    # metered each point). A metered sweep whose every point the reference read slowed says no others anywhere.
     if snapshot is None or any(m.others_cores is not None for m in snapshot.measurements):
+        return outcome
+    if any(w.point is not None for w in snapshot.withheld):
         return outcome
     loads = [
         max(h.other_cpu_cores, h.cpu_steal_cores or 0.0) for h in snapshot.hardware if h.other_cpu_cores is not None

@@ -271,8 +271,9 @@ def crossovers(
 
     A CPU with no GPU found beside it gets the explicit state NO_GPU (gpu="none"); a GPU that was
     found but measured nothing gets no crossover (its ``matmul_device_up`` says why). ``withheld``: the
-    configured sizes whose points were withheld alone (the host slowed them); a pair whose state or n*
-    such a gap could have changed gets the WITHHELD state instead (``_gap_could_move``).
+    configured sizes whose points were withheld alone (the host slowed them); with the sizes between timed on
+    one side only, a pair whose state or n* such a gap could have changed gets the WITHHELD state instead
+    (``_gap_could_move``).
     """
     # The n=1 fixed-cost point was not asked for: it must not sway the state.
     curves = {
@@ -319,9 +320,11 @@ def _pair(curves: _Curves, gaps: Mapping[tuple[str, str, str, str], set[int]], t
     cpu_key = (template.backend, template.cpu, template.dtype, template.mode)
     gpu, cpu = curves.get(gpu_key, {}), curves.get(cpu_key, {})
     common = sorted(set(gpu) & set(cpu))
-    # A size timed on one side only (its point on the other was withheld or failed) is a gap as well, where
-    # the pair shares any size (a GPU that measured nothing has no crossover, not a withheld one).
-    one_sided = set(gpu) ^ set(cpu) if common else set()
+    # A size timed on one side only between two both timed (a refinement's point the host slowed on the other)
+    # is a gap as well. Not past the common sizes: there the CPU was skipped where the GPU already won by far
+    # (skip_cpu_above_speedup), or a point failed whole (its failure is reported), and a GPU that measured
+    # nothing has no crossover, not a withheld one.
+    one_sided = {n for n in set(gpu) ^ set(cpu) if common and common[0] < n < common[-1]}
     gap = gaps.get(gpu_key, set()) | gaps.get(cpu_key, set()) | one_sided
     points = [speedup_point(n, cpu[n], gpu[n]) for n in common]
     if gap and (not points or _gap_could_move(points, gap)):

@@ -169,7 +169,7 @@ STATE_SENTENCES = {
     CrossoverState.GPU_ALWAYS_FASTER: "the GPU was faster at every measured size",
     CrossoverState.AMBIGUOUS: "ambiguous: the curves cross more than once",
     CrossoverState.NO_GPU: "no GPU was measured, so there is nothing to compare the CPU with",
-    CrossoverState.WITHHELD: "withheld: the GPU or the CPU was in use by other work",
+    CrossoverState.WITHHELD: "withheld: the GPU or the CPU was in use by other work, or points near it were withheld",
 }
 
 
@@ -285,8 +285,9 @@ class Measurement:
     timing: Timing
     role: Role = "sweep"
     # The most other programs (or the hypervisor's steal) used of the host over the point's timed tries that
-    # stood, in cores; None where the guard did not meter it. Below guard.point_figure_other_cores the point
-    # was timed with the host to itself, and its median joins the point's idle range (``PointMedians``).
+    # stood, in cores; None where the guard did not meter it, or where the host reference read the host slowed
+    # over one of its visits. Below guard.point_figure_other_cores the point was timed with the host to itself,
+    # and its median joins the point's idle range (``PointMedians``).
     others_cores: float | None = None
 
     @property

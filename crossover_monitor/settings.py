@@ -351,9 +351,10 @@ class GuardSettings(Section):
             " is disturbed, unless it read within this share of its own idle range's top",
         ),
     )
-    # While other programs (or the hypervisor) use at least this many cores, a host-bound point is also held
-    # against its own idle range (its medians in recent sweeps that timed it with others below this): past its
-    # top by more than host_max_slowdown, it is disturbed like a point the slowed host moved.
+    # While other programs (or the hypervisor) use at least this many cores, or the host reference reads the host
+    # slowed past its allowance, a host-bound point is also held against its own idle range (its medians in recent
+    # sweeps that timed it with others below this and the reference inside that): past its top by more than
+    # host_max_slowdown, it is disturbed like a point the slowed host moved.
     point_figure_other_cores: float = field(
         default=0.75,
         metadata=key(

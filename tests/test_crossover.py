@@ -231,6 +231,37 @@ def test_a_size_timed_on_one_side_only_is_a_gap_unless_its_neighbours_lead_clear
     measurements += [_measurement("/GPU:0", n, t) for n, t in gpu.items()]
     (found,) = crossovers([CPU, GPU0], measurements)
     assert found.state is state
+    # Without the size 192 there is no gap: the same curve gives its crossover whatever the lead.
+    (whole,) = crossovers([CPU, GPU0], [m for m in measurements if m.key.size != 192])
+    assert whole.state is CrossoverState.FOUND
+
+
+def test_a_size_past_the_common_sizes_on_one_side_only_is_no_gap() -> None:
+    """The CPU skipped above where the GPU won by far (skip_cpu_above_speedup), or a GPU point that failed at the
+    largest size: the sizes timed on one side only lie past the common ones, and the crossover stands, as does
+    a GPU that never wins and failed at its largest size."""
+    cpu = {64: 1.0, 128: 1.0, 256: 1.0}
+    gpu = {64: 2.0, 128: 0.9, 256: 0.85, 512: 0.1, 1024: 0.1}
+    measurements = [_measurement("/CPU:0", n, t) for n, t in cpu.items()]
+    measurements += [_measurement("/GPU:0", n, t) for n, t in gpu.items()]
+    (found,) = crossovers([CPU, GPU0], measurements)
+    assert found.state is CrossoverState.FOUND
+    never = [_measurement("/CPU:0", n, 1.0) for n in (64, 128, 256)] + [_measurement("/GPU:0", 64, 2.0)]
+    never += [_measurement("/GPU:0", 128, 1.1)]  # the GPU's 256 failed: the CPU's stands alone past the rest
+    (lost,) = crossovers([CPU, GPU0], never)
+    assert lost.state is CrossoverState.GPU_NEVER_FASTER
+
+
+@pytest.mark.parametrize(("lead", "state"), [(1.2, CrossoverState.WITHHELD), (1.5, CrossoverState.FOUND)])
+def test_a_gap_at_an_end_beside_a_narrow_lead_withholds_the_crossover(lead: float, state: CrossoverState) -> None:
+    """A withheld smallest size below a CPU win of only 1.2x could have been a GPU win (a second crossing); a
+    withheld largest size above a GPU win of 1.2x could have been a CPU win (the crossover above it). Beside
+    wins of 1.5x both stand."""
+    cpu = dict.fromkeys((16, 32, 64, 128), 1.0)
+    small_end = {16: 9.9, 32: lead, 64: 0.1, 128: 0.1}  # the CPU wins at 32 by ``lead``, the GPU from 64
+    assert _gapped(cpu, small_end, ("/GPU:0", 16)).state is state
+    large_end = {16: 9.9, 32: 9.9, 64: 1 / lead, 128: 0.1}  # the GPU wins at 64 by ``lead``; 128 withheld
+    assert _gapped(cpu, large_end, ("/GPU:0", 128)).state is state
 
 
 def test_find_crossover_needs_points() -> None:

@@ -877,6 +877,34 @@ def test_a_refinement_round_taken_back_restores_what_others_used_over_the_visits
     assert points[("/CPU:0", 64)].timing.visit_count == 2  # a round that stood keeps its visits
 
 
+def test_a_point_first_timed_while_the_host_read_slowed_joins_no_range_after_a_calm_revisit() -> None:
+    """The host 2x slower over the CPU's first visit of n = 64, which reads inside its own idle range and stands;
+    refinement visits it again with the host calm. The point's median holds that slowed visit, so it says no
+    others reading (it joins no range), not the calm revisit's; the points timed calm say theirs."""
+    plan = make_plan("tests.fakes:curve", modes=("compute",), refine=RefineSettings(spacing=0.2, visits=2))
+    _, idle = sweep_with(lambda _: IDLE, plan)
+    assert idle.snapshot is not None
+    timed = {(m.key.device, m.key.size): m.timing.median_s for m in idle.snapshot.measurements}
+    figure = PointFigure(key=point_key("/CPU:0", 64), upper_s=timed[("/CPU:0", 64)] * 1.05, sweeps=4)
+    backend = SlowedWhileTiming({("/CPU:0", 64)}, visits=1)
+    guard = fake_guard(
+        FakeSampler(lambda _: IDLE),
+        FakeHost([0.1]),
+        reference=backend.reference,
+        baseline=IDLE_REFERENCE,
+        figures=[figure],
+    )
+    planned = dataclasses.replace(plan, point_figures=(figure,))
+    launch = lambda p: ThreadWorker(p, guard, backend)  # noqa: E731 - as the other sweeps here
+    outcome = run_sweep(planned, timeout_s=60, cancel=threading.Event(), launch=launch)
+    assert outcome.snapshot is not None
+    assert not outcome.snapshot.withheld
+    points = {(m.key.device, m.key.size): m for m in outcome.snapshot.measurements}
+    assert points[("/CPU:0", 64)].timing.visit_count == 2, "no calm revisit: the test's premise is gone"
+    assert points[("/CPU:0", 64)].others_cores is None
+    assert points[("/CPU:0", 32)].others_cores == pytest.approx(0.1)
+
+
 def test_a_withheld_fixed_cost_point_still_bounds_the_host_share_of_the_devices_other_points() -> None:
     """The host 1.3x slower over the GPU's n = 1 point (withheld alone: all of it is the host's) and over its
     n = 512 point, 7% of whose time is the host's: that point moved by about 2% and stands. Without the n = 1

@@ -7,8 +7,9 @@ window over which the host meter (``HostMeter``) measures the host's load from o
 and how long the worker's timing thread waited for a CPU: a CPU point during which others used cores
 its threads needed, or a GPU point whose host side waited for a CPU, is timed again once, then withheld.
 Two timings judge the point beside those counts: the host reference, read before and after it against its
-idle figure, and, while other programs use the host, the point's own median against its idle range over
-recent calm sweeps (a neighbour can slow a framework's pool threads without the reference feeling it).
+idle figure, and, while other programs use the host or the reference read it slowed, the point's own median
+against its idle range over recent calm sweeps (a neighbour can slow a framework's pool threads without the
+reference feeling it, or by more than the reference's reading says).
 Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
 
 Pure apart from the samplers, meters, clock and sleep it is given, so that tests drive it with fakes.
@@ -305,7 +306,7 @@ class Guard:
         ``reference`` takes one reading of the host reference (``crossover_monitor.bench.hostprobe``), in seconds;
         ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
         ``point_figures``: the top of each point's idle range over recent calm sweeps, which the point timed
-        while others use the host is held against.
+        while others use the host (or the reference reads it slowed) is held against.
         """
         self._settings = settings
         self._point_figures = {figure.key: figure for figure in point_figures}
@@ -509,7 +510,7 @@ class Guard:
         ``host_share`` (read after ``measure``): the share of the point's time that is the host's (its fixed
         cost over its median, for a compute point), by which a slower host moves it.
         ``judged``: the point and its median after ``measure``, to hold against its idle range while others use
-        the host.
+        the host or the reference reads it slowed.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -718,8 +719,8 @@ class Guard:
     @property
     def last_point_others(self) -> float | None:
         """The most other programs (or steal) used of the host over the last point's tries, in cores; None before
-        any point, where the guard does not meter the host, or where the point stood only because it read inside its
-        own idle range while the host reference read the host slowed (it must not count as calm)."""
+        any point, where the guard does not meter the host, or where the host reference read the host slowed past its
+        allowance over the point (it must not count as calm)."""
         return self._last_others
 
     @property

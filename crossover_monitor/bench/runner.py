@@ -108,6 +108,9 @@ class _Session:
     timings: dict[PointKey, Timing] = field(default_factory=dict)  # all visits so far
     roles: dict[PointKey, Role] = field(default_factory=dict)
     others: dict[PointKey, float] = field(default_factory=dict)  # the most others used over a point's visits
+    # Points a visit of which the guard gave no others reading (timed while the host reference read the host
+    # slowed): they say none, whatever a later visit read, so that their medians join no idle range.
+    uncalm: set[PointKey] = field(default_factory=set)
     # Points withheld alone, with what the slowed host gave them: never timed again in this sweep (a refinement
     # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
     # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
@@ -140,6 +143,7 @@ class _Session:
         wheres = [self.key(d, size, dtype, mode) for d in devices]
         before = [self.timings.get(where) for where in wheres]
         others_before = {where: self.others[where] for where in wheres if where in self.others}
+        uncalm_before = self.uncalm & set(wheres)
         for device in devices:
             self.visit(device, size, dtype, mode, visits)
         if all(where in self.timings and self.timings[where].visit_count >= visits for where in wheres):
@@ -150,6 +154,9 @@ class _Session:
                 self.others.pop(where, None)  # and what others used over the visits it keeps
                 if where in others_before:
                     self.others[where] = others_before[where]
+                self.uncalm.discard(where)
+                if where in uncalm_before:
+                    self.uncalm.add(where)
                 self._emit_point(device, size, dtype, mode)  # the point as it was before this round
         return False
 
@@ -172,7 +179,7 @@ class _Session:
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
         where = self.key(device, size, dtype, mode)
-        others = self.others.get(where)
+        others = None if where in self.uncalm else self.others.get(where)
         self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where], others_cores=others))
 
     def _attempt(
@@ -276,9 +283,12 @@ class _Session:
         if timing is not None and not (math.isfinite(timing.median_s) and timing.median_s > 0):  # a broken clock
             raise MeasurementFailed(device.device, f"n={size}", f"impossible median {timing.median_s!r} s at n={size}")
         others = self.guard.last_point_others
-        if timing is not None and others is not None:
+        if timing is not None:
             where = self.key(device, size, dtype, mode)
-            self.others[where] = max(others, self.others.get(where, 0.0))
+            if others is None:
+                self.uncalm.add(where)  # with no host meter every point says none anyway
+            else:
+                self.others[where] = max(others, self.others.get(where, 0.0))
         return timing
 
     def _judged(
