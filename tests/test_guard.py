@@ -834,6 +834,24 @@ def test_refinement_never_times_a_point_withheld_alone_again() -> None:
     assert refined, "refinement timed nothing: the test's premise is gone"
 
 
+def test_a_refinements_point_the_host_slowed_is_named_and_the_crossover_its_gap_could_move_is_withheld() -> None:
+    """The host slowed only over the GPU's point at n = 54, a size refinement added beside the crossing (45-54):
+    that point is withheld and named like a configured one, so the sweep is partial and says why, and the
+    crossover its gap could have moved (the CPU's 54 stands alone between 45 and 64) is withheld."""
+    backend = SlowedWhileTiming({("/GPU:0", 54)})
+    plan = make_plan("tests.fakes:curve", modes=("compute",), refine=RefineSettings(spacing=0.2, visits=2))
+    outcome = _slowed_sweep(backend, plan)
+    snapshot = outcome.snapshot
+    assert snapshot is not None
+    assert ("/CPU:0", 54) in {(m.key.device, m.key.size) for m in snapshot.measurements}, "no refinement at 54"
+    assert [w.subject for w in snapshot.withheld] == ["/GPU:0 54x54 float32 compute"]
+    assert outcome.result is SweepResult.PARTIAL
+    assert "54" in outcome.reason
+    assert backend.prepared[("/GPU:0", 54)] == 1  # never prepared again in this sweep
+    (crossover,) = snapshot.crossovers
+    assert crossover.state is CrossoverState.WITHHELD
+
+
 class _RevisitSlowed(SlowedWhileTiming):
     """The host 2x slower over the ``slowed`` points' second visit and after, not their first."""
 

@@ -200,9 +200,9 @@ class _Session:
             return self._guarded(device, size, dtype, mode, settings=settings, calls=calls)
         except _PointSetAside as aside:
             self.timed.add(device.device)  # it was timed clean of other jobs: a job arriving later stops the sweep
-            # Only a point that has no figure yet is withheld: a refinement's visit is taken back, its point's
-            # earlier visits stand; a size refinement added is left unrefined (it is no configured series).
-            if key not in self.timings and role != "refine":
+            # Only a point that has no figure yet is withheld (a size refinement added too, named, so that the
+            # crossover its gap withholds says why): a refinement's revisit is taken back, its earlier visits stand.
+            if key not in self.timings:
                 self.set_aside[key] = aside.timing
                 self.emit(aside.verdict)
             return None
