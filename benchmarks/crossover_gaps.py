@@ -30,15 +30,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from crossover_monitor import crossover  # noqa: E402 - after the path
-from crossover_monitor.codec import from_data  # noqa: E402
 from crossover_monitor.model import PointKey, Snapshot  # noqa: E402
 from crossover_monitor.model import curves as group_curves  # noqa: E402
+from crossover_monitor.report import read_json  # noqa: E402
 
 LEAD_BINS = ((0.0, 0.05), (0.05, 0.1), (0.1, 0.2), (0.2, 0.3), (0.3, math.inf))
 
 
 def recorded(folders: list[Path]) -> Iterator[tuple[str, Snapshot]]:
-    """Every snapshot in the JSON files under ``folders``, with its file's name."""
+    """Every sweep's snapshot in the JSON files under ``folders`` (``once --json`` outcomes anywhere in them, read
+    by ``report.read_json`` as the replay reads them), with its file's name."""
     for folder in folders:
         for path in sorted([*folder.glob("*.json"), *folder.glob("*.jsonl")]):
             lines = path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]
@@ -47,31 +48,24 @@ def recorded(folders: list[Path]) -> Iterator[tuple[str, Snapshot]]:
                     data = json.loads(line)
                 except ValueError:
                     continue
-                for raw in _snapshots(data):
-                    yield path.name, _decoded(raw)
+                for raw in _outcomes(data):
+                    snapshot = read_json(raw).snapshot
+                    if snapshot is not None:
+                        yield path.name, snapshot
 
 
-def _snapshots(data: Any) -> Iterator[dict[str, Any]]:
+def _outcomes(data: Any) -> Iterator[dict[str, Any]]:
+    """The objects holding a sweep's snapshot (``once --json``'s outcome), wherever a file nests them."""
     stack = [data]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             if isinstance(item.get("snapshot"), dict) and "measurements" in item["snapshot"]:
-                yield item["snapshot"]
+                yield item
                 continue
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-
-
-def _decoded(raw: dict[str, Any]) -> Snapshot:
-    """``once --json``'s snapshot as the model has it (the JSON adds each point's FLOP/s, the environment as a map)."""
-    raw = json.loads(json.dumps(raw))
-    for m in raw["measurements"]:
-        m.pop("flops_per_second", None)
-    if isinstance(raw.get("environment"), dict):
-        raw["environment"] = sorted(raw["environment"].items())
-    return from_data(Snapshot, raw)
 
 
 def named_gaps(snapshot: Snapshot) -> list[PointKey]:
