@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -655,6 +656,10 @@ def main() -> None:
     parser.add_argument("--report", type=Path, help="print a recorded cotenants phase's report, and stop")
     parser.add_argument("--spread", type=Path, help="print a recorded alternate phase's ratios per round, and stop")
     args = parser.parse_args()
+    # Killed by `timeout` (SIGTERM) mid-phase, unwind as on an error: the co-tenants, each in a session of its own,
+    # are killed by the phases' `finally` (a run cut off on an H100, 2026-12-07, left its BLAS-4 job running
+    # under the next run's idle sweeps).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.spread:
         spread(args.spread)
         return

@@ -52,7 +52,8 @@ BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 GPU_PROBLEM = "gpu_problem"
 # A CPU device's detail: how its framework shares a parallel call among its threads. "fork_join": each
 # call waits for its slowest thread (OpenMP: PyTorch), so a neighbour beside one thread stalls it;
-# "work_stealing": idle threads take over a waiting thread's share (TensorFlow's Eigen pool), so it does not.
+# "work_stealing": idle threads take over a waiting thread's share (TensorFlow's Eigen pool), so it does not
+# (a pool of one thread has none to take it).
 THREAD_POOL = "thread_pool"
 FORK_JOIN = "fork_join"
 WORK_STEALING = "work_stealing"
@@ -80,10 +81,10 @@ class HostReference:
 
     @staticmethod
     def of(kept: Sequence[HostReference]) -> HostReference | None:
-        """The idle figure of recent sweeps: the lower decile of their medians (the median of fewer than
-        four); as spread, the larger of their typical spread within a sweep and how far their medians move
-        between sweeps (each sweep is its own process, and on a VM a fresh process can run its host side
-        10-30% slower or faster).
+        """The idle figure of recent sweeps: the lower decile of their medians (one sweep's own median); as
+        spread, the larger of their typical spread within a sweep and how far their medians move between
+        sweeps (each sweep is its own process, and on a VM a fresh process can run its host side 10-30%
+        slower or faster).
 
         A slowed host only ever reads slower, so both come from the lower half of the medians. The median of
         them let slowed sweeps raise the figure: on an H100 (2026-12-06) four sweeps beside co-tenants and two
@@ -93,6 +94,9 @@ class HostReference:
         in the others, the figure rose to 0.59 ms, and an idle sweep 1.43x slower than the fast ones published
         a compute n* of 175 against 133-134 (replayed: false drift alerts in 7 of 10 months). The lower decile
         lets a lasting change in once nine sweeps in ten read it (about a day at the default schedule).
+        From two sweeps on, as from many: the median of a young service's first sweeps sat between the two states
+        of a host that slows by itself (an H100, 2026-12-07: 0.45 and 0.65 ms gave 0.55, and the third sweep,
+        at 0.63 ms, published its small points 1.6-1.8x the fast sweeps' as normal).
         The spread between sweeps is read from the lower half too, against the figure (the first quartile less
         the figure, and twice median less first quartile): slowed sweeps in the upper half would widen the
         allowance until slowed points pass (10% grew to 26% on an H100, 2026-12-06). On a host whose sweeps
@@ -104,8 +108,8 @@ class HostReference:
             return None
         medians = [r.median_s for r in kept]
         within = statistics.median(r.spread for r in kept)
-        if len(medians) < 4:  # noqa: PLR2004 - quantiles of fewer say little
-            return HostReference(median_s=statistics.median(medians), spread=within)
+        if len(medians) == 1:
+            return HostReference(median_s=medians[0], spread=within)
         figure = statistics.quantiles(medians, n=10, method="inclusive")[0]
         q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
         # From the lower half, against the figure: how far a typical sweep reads above it, plus as much again

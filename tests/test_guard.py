@@ -380,19 +380,26 @@ def test_blocks_its_threads_waited_in_are_set_aside_and_the_share_recorded() -> 
     assert given == [None]
 
 
-def test_blocks_of_a_work_stealing_pool_are_not_set_aside_for_a_waiting_thread() -> None:
+def test_blocks_of_a_work_stealing_pool_of_several_threads_are_not_set_aside_for_a_waiting_thread() -> None:
     """TensorFlow's CPU (its pool takes a waiting thread's share, so the wait costs the call nothing): no block
-    watch, however long its threads waited; a fork-join pool (PyTorch, or a backend that does not say) has one."""
+    watch, however long its threads waited; a fork-join pool (PyTorch, or a backend that does not say) has one,
+    and so has a work-stealing pool of one thread (no other thread to take its share)."""
     stealing = cpu_device("tensorflow", "/CPU:0", 3, thread_pool=WORK_STEALING)
     given: list[BlockWatch | None] = []
     guard = fake_guard(None, FakeHost([0.0], block_waits=[0.5] * 5))
     assert guard.time_cpu_point(stealing, 3, given.append) is None
     assert given == [None]
-    for device in (cpu_device("torch", "cpu", 3), DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="c")):
+    alone = cpu_device("tensorflow", "/CPU:0", 1, thread_pool=WORK_STEALING)
+    for device, threads in (
+        (cpu_device("torch", "cpu", 3), 3),
+        (DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="c"), 3),
+        (alone, 1),
+    ):
         guard = fake_guard(None, FakeHost([0.0], block_waits=[0.5] * 10))
-        verdict = guard.time_cpu_point(device, 3, _five_blocks)
+        verdict = guard.time_cpu_point(device, threads, _five_blocks)
         assert verdict is not None, device
         assert verdict.reason is WithheldReason.CPU_CONTENDED
+        assert "its threads waited for a CPU in 5 of its 5 timed blocks" in verdict.detail
 
 
 def test_a_cpu_point_left_with_too_few_undisturbed_blocks_is_withheld_saying_why() -> None:

@@ -458,8 +458,8 @@ class Guard:
         Others may use the cores the worker's threads leave free, plus ``cpu_max_other_cores``;
         beyond that, one of its threads shares a core with them and every parallel call waits for it.
         Where the threads leave a core to the thread timing them and each parallel call waits for its slowest
-        thread (``FORK_JOIN``), ``measure`` sets aside the blocks they waited for a CPU in (``_BlockWatch``): a
-        point with too few blocks left is disturbed too.
+        thread (``FORK_JOIN``, or a pool of one thread of either kind), ``measure`` sets aside the blocks they
+        waited for a CPU in (``_BlockWatch``): a point with too few blocks left is disturbed too.
         """
         host = self._host
         if not self._settings.enabled or host is None:
@@ -469,8 +469,11 @@ class Guard:
         allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
         # Where they take every core (and the thread timing them), they wait for each other (TensorFlow's 2
         # threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign. In a work-stealing
-        # pool a thread's wait costs the call nothing: the others take its share.
-        watch_blocks = threads < cores and dict(device.details).get(THREAD_POOL, FORK_JOIN) != WORK_STEALING
+        # pool a thread's wait costs the call nothing: the others take its share; but a pool of one thread has
+        # no other to take it (TensorFlow's 1 thread on the 2-core VM beside a busy core and a BLAS job: it
+        # waited 0.45 cores and its points were published 1.15-2.1x slower, benchmarks/README.md).
+        stealing = dict(device.details).get(THREAD_POOL, FORK_JOIN) == WORK_STEALING
+        watch_blocks = threads < cores and (threads == 1 or not stealing)
         record = self._cpus.setdefault(device.device, _CpuRecord())
         watches: list[_BlockWatch] = []
 
