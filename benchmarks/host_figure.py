@@ -25,12 +25,12 @@ from crossover_monitor.bench.guard import host_allowance
 from crossover_monitor.model import HostReference
 from crossover_monitor.settings import GuardSettings
 
-QUARTILES_FROM = 4  # the figure before 2026-12-07: fewer sweeps gave their median
+MEDIAN_BELOW = 4  # the figure before 2026-12-07: fewer sweeps gave their median
 
 
 def young_median(kept: list[HostReference]) -> HostReference:
     """The figure until 2026-12-07: as now from four sweeps on, the median of fewer (and their spread within)."""
-    if len(kept) >= QUARTILES_FROM:
+    if len(kept) >= MEDIAN_BELOW:
         figure = HostReference.of(kept)
         assert figure is not None
         return figure

@@ -369,12 +369,14 @@ def gpu_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path) 
         return
     report = scratch / "gemm.txt"
     job = gemm_loop("cuda:1", 60.0, report)
-    time.sleep(12)  # the job warms up; its rate before the sweep
-    before_sweep = time.time()
-    service = sweep(args)
-    after_sweep = time.time()
-    time.sleep(6)
-    job.kill()
+    try:
+        time.sleep(12)  # the job warms up; its rate before the sweep
+        before_sweep = time.time()
+        service = sweep(args)
+        after_sweep = time.time()
+        time.sleep(6)
+    finally:
+        job.kill()
     lines = job_rates(report)
     alone, during, loss = rates_around(lines, before_sweep, after_sweep)
     results["busy_gpu"] = {
@@ -397,12 +399,15 @@ def late_phase(args: argparse.Namespace, results: dict[str, Any], scratch: Path)
     starter = threading.Timer(8.0, lambda: jobs.append(gemm_loop("cuda:0", 40.0, report)))
     started = time.time()
     starter.start()
-    service = sweep(args)
-    ended = time.time()
-    starter.join()
-    time.sleep(8)
-    for job in jobs:
-        job.kill()
+    try:
+        service = sweep(args)
+        ended = time.time()
+        starter.join()
+        time.sleep(8)
+    finally:
+        starter.cancel()  # cut off before it fired: no job starts after the run was told to stop
+        for job in jobs:
+            job.kill()
     lines = job_rates(report)
     during = [r for t, r in lines if t < ended]
     after = [r for t, r in lines if t > ended + 1]
@@ -627,6 +632,11 @@ def spread(path: Path) -> None:
                 print(f"{name} n={n} {side}/peer: median {median:.3f}, rounds {rounds}")
 
 
+def _exit_once(signum: int, _frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(128 + signum)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peer", action="store_true")
@@ -658,8 +668,9 @@ def main() -> None:
     args = parser.parse_args()
     # Killed by `timeout` (SIGTERM) mid-phase, unwind as on an error: the co-tenants, each in a session of its own,
     # are killed by the phases' `finally` (a run cut off on an H100, 2026-12-07, left its BLAS-4 job running
-    # under the next run's idle sweeps).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    # under the next run's idle sweeps). Once: `timeout` signals the child and then its group, and a second
+    # SystemExit inside that cleanup would cut it short.
+    signal.signal(signal.SIGTERM, _exit_once)
     if args.spread:
         spread(args.spread)
         return

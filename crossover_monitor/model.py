@@ -96,12 +96,13 @@ class HostReference:
         lets a lasting change in once nine sweeps in ten read it (about a day at the default schedule).
         From two sweeps on, as from many: the median of a young service's first sweeps sat between the two states
         of a host that slows by itself (an H100, 2026-12-07: 0.45 and 0.65 ms gave 0.55, and the third sweep,
-        at 0.63 ms, published its small points 1.6-1.8x the fast sweeps' as normal).
+        at 0.63 ms, published points up to 1.8x the fast sweeps' as normal). Of three or fewer the lower half is
+        one sweep, so the spread is theirs within only: the slow ones would widen it.
         The spread between sweeps is read from the lower half too, against the figure (the first quartile less
         the figure, and twice median less first quartile): slowed sweeps in the upper half would widen the
         allowance until slowed points pass (10% grew to 26% on an H100, 2026-12-06). On a host whose sweeps
         differ by a few percent between processes it is about twice the distance from the figure to a typical
-        sweep, which keeps typical sweeps inside the allowance; one sweep that read fast among four to seven
+        sweep, which keeps typical sweeps inside the allowance; one sweep that read fast among five to seven
         is the fast state of a host that slows, or a process that ran fast, and the allowance (at most 25%)
         takes sweeps up to 1.25x of it."""
         if not kept:
@@ -111,6 +112,8 @@ class HostReference:
         if len(medians) == 1:
             return HostReference(median_s=medians[0], spread=within)
         figure = statistics.quantiles(medians, n=10, method="inclusive")[0]
+        if len(medians) < 4:  # noqa: PLR2004 - the lower half of three or fewer is one sweep: no spread between
+            return HostReference(median_s=figure, spread=within)
         q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
         # From the lower half, against the figure: how far a typical sweep reads above it, plus as much again
         # above the first quartile, so that a host whose sweeps move apart between processes is allowed as

@@ -25,7 +25,7 @@ from crossover_monitor.model import (
 )
 from crossover_monitor.settings import GuardSettings, Settings
 
-# Sweeps whose host reference the baseline is the median of: a day at the default 15-minute schedule.
+# Sweeps whose host reference the baseline is the lower decile of: a day at the default 15-minute schedule.
 HOST_REFERENCES_KEPT = 96
 # Calm sweeps whose median of a point its idle range comes from: half a day at the default schedule (the served
 # state, which the history writes after each run, holds this many for every configured point).

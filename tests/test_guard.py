@@ -400,6 +400,11 @@ def test_blocks_of_a_work_stealing_pool_of_several_threads_are_not_set_aside_for
         assert verdict is not None, device
         assert verdict.reason is WithheldReason.CPU_CONTENDED
         assert "its threads waited for a CPU in 5 of its 5 timed blocks" in verdict.detail
+    # One thread on the one core it may use: it waits for the thread timing it, no neighbour's sign.
+    given.clear()
+    guard = fake_guard(None, FakeHost([0.0], cores=1, block_waits=[0.5] * 5))
+    assert guard.time_cpu_point(alone, 1, given.append) is None
+    assert given == [None]
 
 
 def test_a_cpu_point_left_with_too_few_undisturbed_blocks_is_withheld_saying_why() -> None:

@@ -235,9 +235,10 @@ class _CpuRecord:
 class _BlockWatch:
     """The worker's threads' run-queue wait over each timed block of a CPU point.
 
-    In a fork-join pool every parallel call waits for its slowest thread, so threads that waited ``w`` cores'
-    worth over a block (a neighbour's thread sharing a core with one of them) stalled it by up to ``w`` of its
-    time: a block they waited more than ``allowed`` in is set aside and another timed. A neighbour the scheduler moves
+    In a fork-join pool every parallel call waits for its slowest thread (a pool of one, for its only one), so
+    threads that waited ``w`` cores' worth over a block (a neighbour's thread sharing a core with one of them)
+    stalled it by up to ``w`` of its time: a block they waited more than ``allowed`` in is set aside and another
+    timed. A neighbour the scheduler moves
     between cores leaves undisturbed blocks between those it slowed (beside one busy core of 16, the
     threads waited 0.12-0.30 cores over whole points, and some points published 1.5x slower:
     benchmarks/README.md, "the threads' wait").
@@ -267,8 +268,8 @@ class _BlockWatch:
             return None
         return (
             f"its threads waited for a CPU in {self.set_aside} of its {self.kept + self.set_aside} timed blocks "
-            f"(up to {self.most or 0.0:.2f} cores, allowed {self.allowed:.2f}; a parallel call waits for its "
-            "slowest thread)"
+            f"(up to {self.most or 0.0:.2f} cores, allowed {self.allowed:.2f}; a call waits for its slowest "
+            "thread)"
         )
 
 
@@ -471,7 +472,7 @@ class Guard:
         # threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign. In a work-stealing
         # pool a thread's wait costs the call nothing: the others take its share; but a pool of one thread has
         # no other to take it (TensorFlow's 1 thread on the 2-core VM beside a busy core and a BLAS job: it
-        # waited 0.45 cores and its points were published 1.15-2.1x slower, benchmarks/README.md).
+        # waited 0.51-0.54 cores and its points were published 1.26-2.18x slower, benchmarks/README.md).
         stealing = dict(device.details).get(THREAD_POOL, FORK_JOIN) == WORK_STEALING
         watch_blocks = threads < cores and (threads == 1 or not stealing)
         record = self._cpus.setdefault(device.device, _CpuRecord())
