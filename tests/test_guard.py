@@ -1025,6 +1025,26 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
     assert off.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3])) is None
 
 
+def test_a_point_the_reference_could_not_judge_yet_is_not_counted_calm() -> None:
+    """A sweep with no idle figure judges the reference by its own first readings: the points timed before there
+    are enough of them say no reading (they join no range), those after say the load."""
+    guard = fake_guard(None, FakeHost([0.2]), reference=_readings([1e-3]))
+    cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
+    seen = []
+    for _ in range(6):  # two readings a point: the fourth point's make the eight a judgement needs
+        assert guard.time_cpu_point(cpu, 1, lambda _: None) is None
+        seen.append(guard.last_point_others)
+    assert seen[:3] == [None] * 3
+    assert seen[3:] == [pytest.approx(0.2)] * 3
+    # With an idle figure every point is judged, from the first; with no reference at all, the load alone counts.
+    for judged in (
+        fake_guard(None, FakeHost([0.2]), reference=_readings([1e-3]), baseline=IDLE_REFERENCE),
+        fake_guard(None, FakeHost([0.2])),
+    ):
+        assert judged.time_cpu_point(cpu, 1, lambda _: None) is None
+        assert judged.last_point_others == pytest.approx(0.2)
+
+
 def test_a_point_inside_its_own_idle_range_stands_whatever_the_host_reference_read() -> None:
     """The reference reads the host 1.5x slower on both tries, no others: a CPU point that reads inside its own
     idle range (widened by 10%) stands, as it was not moved; one past it, one without a range, and a refinement's

@@ -573,8 +573,10 @@ class Guard:
         # A point timed while the reference read the host slowed (one its range let through, or one the slowdown
         # moved by less than the allowance) was not timed with the host to itself: no reading, so that it does
         # not join (and widen) its range: on an H100 whose host slowed by itself, ranges that took such points in
-        # would come to hold the slowed state.
-        self._last_others = None if self._reference_read_slowed(load) else others
+        # would come to hold the slowed state. Nor one the reference read but could not judge yet (a sweep with no
+        # idle figure, before its first readings say how much they move): a first sweep on a slowed host is not
+        # calm.
+        self._last_others = None if self._reference_read_slowed(load) or self._reference_unjudged(load) else others
         if found:
             reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
         elif slowed is not None:
@@ -677,6 +679,11 @@ class Guard:
         allowed = self._allowed()
         return load.host_slowdown is not None and allowed is not None and load.host_slowdown - 1.0 > allowed
 
+    def _reference_unjudged(self, load: HostLoad) -> bool:
+        """Whether the host reference was read over the point but too few readings (and no idle figure) say yet
+        how far it may move."""
+        return load.host_slowdown is not None and self._allowed() is None
+
     def _moved_past_own_range(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
         ``point_figure_other_cores`` of the host, or while the host reference read the host slowed past its
@@ -724,7 +731,7 @@ class Guard:
     def last_point_others(self) -> float | None:
         """The most other programs (or steal) used of the host over the last point's tries, in cores; None before
         any point, where the guard does not meter the host, or where the host reference read the host slowed past its
-        allowance over the point (it must not count as calm)."""
+        allowance over the point, or could not judge it yet (it must not count as calm)."""
         return self._last_others
 
     @property
