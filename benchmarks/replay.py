@@ -72,6 +72,7 @@ from crossover_monitor.model import (  # noqa: E402
     Timing,
     Withheld,
     WithheldReason,
+    others_gate,
 )
 from crossover_monitor.report import read_json  # noqa: E402
 from crossover_monitor.settings import GuardSettings  # noqa: E402
@@ -257,7 +258,7 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
     others = max(loads)
     metered = tuple(dataclasses.replace(m, others_cores=others) for m in snapshot.measurements)
     withheld: list[Withheld] = []
-    if others >= guard.point_figure_other_cores:
+    if others >= others_gate(state.others_floor, guard.point_figure_other_cores):
         figures = {f.key: f for f in state.point_figures}
         kinds = {d.device: d.kind for d in snapshot.devices}
         fixed = {
@@ -389,12 +390,15 @@ def served_sequence(
         if as_recorded:
             latest = recorded_at(outcome, started).snapshot
         else:
-            sweep = outcome if unjudged else judged(outcome, store.read(), guard)
+            kept = store.read()
+            sweep = outcome if unjudged else judged(outcome, kept, guard)
             if judgements is not None and sweep is not outcome and sweep.snapshot and outcome.snapshot:
                 added = len(sweep.snapshot.withheld) - len(outcome.snapshot.withheld)
                 others = max((m.others_cores or 0.0 for m in sweep.snapshot.measurements), default=0.0)
                 judgements.update(
-                    unmetered=1, beside_others=others >= guard.point_figure_other_cores, withholding=added > 0
+                    unmetered=1,
+                    beside_others=others >= others_gate(kept.others_floor, guard.point_figure_other_cores),
+                    withholding=added > 0,
                 )
                 judgements.update(points_withheld=added)
             store.record(at(sweep, started))

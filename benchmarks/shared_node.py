@@ -150,6 +150,7 @@ def sweep(
         guard=GuardSettings(enabled=guarded),
         host_baseline=kept.host_baseline,
         point_figures=kept.point_figures,
+        others_floor=kept.others_floor,
     )
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     STORE.record(outcome)

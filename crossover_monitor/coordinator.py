@@ -153,6 +153,7 @@ class SweepCoordinator:
             host_baseline=kept.host_baseline,
             point_figures=kept.point_figures,
             point_figures_timed_as=kept.point_medians_timed_as,
+            others_floor=kept.others_floor,
         )
 
     def _run_worker(self, plan: Plan, *, retry: bool) -> None:

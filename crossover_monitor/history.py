@@ -100,8 +100,9 @@ class _CrossoverRow:
 # holds) is renamed or changes meaning, and bring the older formats up to it in _upgraded.
 # Format 3: the n = 1 point's role is "fixed_cost" (it was "probe"). Format 4: points say what others used of the
 # host over them, and the state keeps each point's calm medians (new fields, absent in older files; a release
-# before it would refuse them, so it says the file is newer rather than damaged).
-SERVED_FORMAT = 4
+# before it would refuse them, so it says the file is newer rather than damaged). Format 5: the state keeps each
+# sweep's typical others (a new field, as format 4's).
+SERVED_FORMAT = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +119,7 @@ class _Served:
     host_references: tuple[HostReference, ...] = ()  # likewise
     point_medians: tuple[PointMedians, ...] = ()  # likewise
     point_medians_timed_as: str = ""
+    others_typical: tuple[float, ...] = ()  # absent in files before format 5
 
 
 class HistoryUnavailable(Exception):
@@ -295,6 +297,7 @@ class RunHistory:
             host_references=state.host_references,
             point_medians=state.point_medians,
             point_medians_timed_as=state.point_medians_timed_as,
+            others_typical=state.others_typical,
         )
         now = time.time()
         row = _run_row(kind, outcome, now, reason)

@@ -122,6 +122,15 @@ class HostReference:
         return HostReference(median_s=figure, spread=max(within, relative_iqr(figure, between)))
 
 
+def others_gate(others_floor: float, gate: float) -> float:
+    """The load of other programs (cores) from which a point counts as timed beside others: ``gate``
+    (``guard.point_figure_other_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
+    others use the gate or more in nine sweeps of ten (``ServiceState.others_floor``), that usual load plus the gate.
+    Not the usual load plus the gate everywhere: on a quiet node whose others read 0.28-0.52 cores, the steal sweep
+    of 2026-12-04 (0.82 cores, its host-bound points 1.07-2.45x) would have counted calm."""
+    return gate if others_floor < gate else others_floor + gate
+
+
 def canonical_device(name: str) -> str:
     """A device name compared loosely: '/device:GPU:0', '/GPU:0' and 'gpu:0' are one device."""
     return name.strip().lower().removeprefix("/").removeprefix("device:")
@@ -706,6 +715,9 @@ class ServiceState:
     # Each point's medians in recent calm sweeps (its idle range), and what they were timed with (``timed_with``).
     point_medians: tuple[PointMedians, ...] = ()
     point_medians_timed_as: str = ""
+    # What other programs (or steal) typically used of the host over each recent sweep's points, in cores, oldest
+    # first: the node's usual load (``others_floor``).
+    others_typical: tuple[float, ...] = ()
 
     @property
     def host_baseline(self) -> HostReference | None:
@@ -713,6 +725,16 @@ class ServiceState:
         neighbour, or the host itself, slowing it in fewer than nine of ten kept sweeps cannot move it past the
         fast sweeps' readings; a lasting change of the host becomes the new figure once it holds for that long."""
         return HostReference.of(self.host_references)
+
+    @property
+    def others_floor(self) -> float:
+        """What other programs use of the host in nine recent sweeps of ten, in cores (the lower decile of each
+        sweep's typical load; 0 before any sweep): a node whose data loaders always use a core or two is calm
+        at that load, and judged beside others only above it (``guard.point_figure_other_cores`` more). A
+        neighbour there in fewer than nine sweeps of ten cannot raise it."""
+        if len(self.others_typical) < 2:  # noqa: PLR2004 - a quantile needs two
+            return self.others_typical[0] if self.others_typical else 0.0
+        return statistics.quantiles(self.others_typical, n=10, method="inclusive")[0]
 
     @property
     def point_figures(self) -> tuple[PointFigure, ...]:

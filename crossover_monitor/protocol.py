@@ -41,6 +41,8 @@ class Plan:
     # were timed with (``model.timed_with``): a worker that times otherwise leaves them unused.
     point_figures: tuple[PointFigure, ...] = ()
     point_figures_timed_as: str = ""
+    # What other programs use of the host in nine recent sweeps of ten (``ServiceState.others_floor``), in cores.
+    others_floor: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

@@ -351,17 +351,18 @@ class GuardSettings(Section):
             " is disturbed, unless it read within this share of its own idle range's top",
         ),
     )
-    # While other programs (or the hypervisor) use at least this many cores, or the host reference reads the host
-    # slowed past its allowance, a host-bound point is also held against its own idle range (its medians in recent
-    # sweeps that timed it with others below this and the reference inside that): past its top by more than
-    # host_max_slowdown, it is disturbed like a point the slowed host moved.
+    # While other programs (or the hypervisor) use at least this many cores (on a node whose others use this many in
+    # nine recent sweeps of ten, this many more than that usual load: model.others_gate), or the reference reads
+    # the host slowed past its allowance, a host-bound point is also held against its own idle range (its medians
+    # in recent sweeps that timed it with others below this and the reference inside that): past its top by more
+    # than host_max_slowdown, it is disturbed like a point the slowed host moved.
     point_figure_other_cores: float = field(
         default=0.75,
         metadata=key(
             "point_figure_other_cores",
             number(0, MAX_COUNT),
-            "while others use this many cores (or the host reference reads the host slowed), a host-bound point past "
-            "its own calm sweeps' range is disturbed",
+            "while others use this many cores (this many more than usual on a node never that quiet), or the host "
+            "reference reads the host slowed, a host-bound point past its own calm sweeps' range is disturbed",
         ),
     )
     retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off

@@ -8,6 +8,7 @@ published, and that same outcome and state handed to the run history.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 from typing import TypeVar
 
@@ -20,6 +21,7 @@ from crossover_monitor.model import (
     Snapshot,
     SweepOutcome,
     SweepResult,
+    others_gate,
     same_timing,
     timed_with,
 )
@@ -76,7 +78,10 @@ class StateStore:
                     environment = dict(outcome.snapshot.environment)
                     earlier = state.point_medians_timed_as
                     kept = state.point_medians if same_timing(earlier, environment) else ()
-                    changes["point_medians"] = self._with_calm_medians(kept, outcome.snapshot)
+                    changes["point_medians"] = self._with_calm_medians(kept, outcome.snapshot, state.others_floor)
+                    typical = _typical_others(outcome.snapshot)
+                    if typical is not None:
+                        changes["others_typical"] = (*state.others_typical, typical)[-HOST_REFERENCES_KEPT:]
                     changes["point_medians_timed_as"] = timed_with(environment, earlier if kept else "")
                 self._state = state = dataclasses.replace(state, **changes)  # type: ignore[arg-type]
             self._remember("sweep", outcome, state)
@@ -132,16 +137,21 @@ class StateStore:
             if at != self._state.next_sweep_at:
                 self._state = dataclasses.replace(self._state, next_sweep_at=at)
 
-    def _with_calm_medians(self, kept: tuple[PointMedians, ...], snapshot: Snapshot) -> tuple[PointMedians, ...]:
+    def _with_calm_medians(
+        self, kept: tuple[PointMedians, ...], snapshot: Snapshot, floor: float
+    ) -> tuple[PointMedians, ...]:
         """``kept`` with this sweep's median of each configured point it timed while others used less than
-        ``guard.point_figure_other_cores`` (a refinement's sizes change from sweep to sweep: they have no range to
-        keep), and without sizes the configuration no longer asks for. Under _lock.
+        ``guard.point_figure_other_cores`` above the node's usual load (``floor``, from the sweeps before; a
+        refinement's sizes change from sweep to sweep: they have no range to keep), and without sizes the
+        configuration no longer asks for. Under _lock.
 
         Calm points only: a point timed beside others' load is what the range judges, and letting it in would
         let a neighbour that stays widen the range until its slowdown passed. A lasting change of a point (a
         driver, a framework) enters with the first calm sweeps that time it, as its median is published."""
         settings = self._settings
-        others_at_most = (settings.guard if settings is not None else GuardSettings()).point_figure_other_cores
+        others_at_most = others_gate(
+            floor, (settings.guard if settings is not None else GuardSettings()).point_figure_other_cores
+        )
         timed = {
             m.key: m.timing.median_s
             for m in snapshot.measurements
@@ -167,6 +177,12 @@ class StateStore:
         """The run and the state served after it, into the history (when there is one). Under _history_order."""
         if self._history is not None:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
+
+
+def _typical_others(snapshot: Snapshot) -> float | None:
+    """The median of what others used of the host over the sweep's configured points that say (None: none did)."""
+    readings = [m.others_cores for m in snapshot.measurements if m.role != "refine" and m.others_cores is not None]
+    return statistics.median(readings) if readings else None
 
 
 def _counted(state: ServiceState, result: SweepResult) -> ServiceState:

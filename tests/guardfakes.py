@@ -163,6 +163,7 @@ def fake_guard(
     baseline: HostReference | None = None,
     *,
     figures: Iterable[PointFigure] = (),
+    others_floor: float = 0.0,
     **settings: Any,
 ) -> Guard:
     sleeps: list[float] = []
@@ -177,6 +178,7 @@ def fake_guard(
         reference=reference,
         reference_baseline=baseline,
         point_figures=figures,
+        others_floor=others_floor,
     )
 
 

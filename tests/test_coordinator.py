@@ -187,11 +187,12 @@ def test_a_reload_as_a_sweep_is_recorded_decides_alone_what_is_served_and_what_t
 
 def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_store_keeps() -> None:
     """What the store kept of recent sweeps reaches the worker's plan: the host reference's idle figure and each
-    point's calm range (without them the guard would judge against nothing)."""
+    point's calm range (without them the guard would judge against nothing), and the node's usual load."""
     key = PointKey(backend="tensorflow", device="/CPU:0", dtype="float32", mode="compute", size=64)
     kept = ServiceState(
         host_references=(HostReference(median_s=4.5e-4, spread=0.03),) * 4,
         point_medians=(PointMedians(key=key, medians_s=(1.0e-3, 1.2e-3, 1.1e-3, 0.9e-3)),),
+        others_typical=(1.2, 1.4, 1.3),
     )
     store = StateStore(kept)
     bench = {"backend": "tests.fakes:curve", "sizes": [16, 32], "modes": ["compute"], "timeout": "60s"}
@@ -208,3 +209,5 @@ def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_stor
     assert plan.host_baseline.median_s == pytest.approx(4.5e-4)
     assert plan.host_baseline.spread == 0.03
     assert plan.point_figures == (PointFigure(key=key, upper_s=1.2e-3, sweeps=4),)
+    assert plan.others_floor == pytest.approx(1.22)  # the lower decile of the node's usual load
+    assert Plan.from_json(plan.to_json()).others_floor == plan.others_floor  # as the worker reads it

@@ -1023,6 +1023,21 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
     assert verdict(1.0, [13e-3], _figure("/CPU:0", 128, 10e-3)) is None  # no range for this point
     off = fake_guard(None, FakeHost([1.0]), figures=[figure], point_figure_other_cores=100)
     assert off.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3])) is None
+    # On a node whose others usually use 1.5 cores, beside others means 0.75 more than that; on a quiet one
+    # (usually 0.3) the gate stands.
+    for floor, load, withheld in ((0.3, 0.8, True), (1.5, 2.0, False), (1.5, 2.25, True)):
+        usual = fake_guard(
+            None,
+            FakeHost([load]),
+            reference=_readings([1e-3]),
+            baseline=IDLE_REFERENCE,
+            figures=[figure],
+            others_floor=floor,
+        )
+        found = usual.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3]))
+        assert (found is not None) is withheld, load
+    assert found is not None
+    assert f"while others used {2.25:.2f} cores of the 4 (usually 1.50)" in found.detail
 
 
 def test_a_point_the_reference_could_not_judge_yet_is_not_counted_calm() -> None:

@@ -24,6 +24,7 @@ from crossover_monitor.model import (
     SweepResult,
     Withheld,
     WithheldReason,
+    others_gate,
 )
 from crossover_monitor.settings import BenchmarkSettings, GuardSettings, Settings
 from crossover_monitor.state import HOST_REFERENCES_KEPT, POINT_MEDIANS_KEPT, StateStore
@@ -347,6 +348,39 @@ def test_each_configured_points_calm_medians_are_kept_and_the_top_of_their_range
     assert store.read().point_figures[0].upper_s == pytest.approx(3e-3)
 
 
+def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it() -> None:
+    """Data loaders that always use 1.5 cores: with the absolute gate (0.75 cores) no sweep was calm and no
+    point ever had a range, so the range check (a point moved further than the reference reads) never acted.
+    The usual load is the lower decile of each sweep's typical others; a neighbour there in one sweep of ten does
+    not raise it; where it is at the gate or above, a sweep the gate above it is beside others (judged by the
+    range, not part of it). Below the gate, the gate stands (``others_gate``)."""
+    store = StateStore()
+    key = point_key("/CPU:0", 64)
+    assert store.read().others_floor == 0.0
+
+    def record(seconds: float, others: float) -> None:
+        points = [dataclasses.replace(measurement("/CPU:0", n, seconds), others_cores=others) for n in (1, 64)]
+        store.record(
+            SweepOutcome(
+                result=SweepResult.SUCCESS, started_at=0, finished_at=1, snapshot=snapshot(measurements=points)
+            )
+        )
+
+    record(1.0e-3, 1.5)
+    assert store.read().others_floor == 1.5
+    assert store.read().point_medians == ()  # the first sweep: no usual load yet, so the absolute gate
+    for seconds in (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3):
+        record(seconds, 1.6)
+    assert {k.key: k.medians_s for k in store.read().point_medians}[key] == (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3)
+    record(3.0e-3, 2.3)  # 0.75 above the usual: beside others
+    assert len({k.key: k.medians_s for k in store.read().point_medians}[key]) == 4
+    for _ in range(3):
+        record(1.0e-3, 3.5)  # a heavy neighbour in some sweeps does not become the usual load
+    assert store.read().others_floor == pytest.approx(1.58)  # the lower decile of 1.5, 1.6 x4, 2.3, 3.5 x3
+    assert others_gate(0.28, 0.75) == 0.75  # a quiet node's: the steal sweep of 2026-12-04 (0.82) stays beside others
+    assert others_gate(0.75, 0.75) == 1.5
+
+
 def test_the_points_ranges_start_again_when_the_worker_times_them_with_other_threads_or_versions(
     tmp_path: Path,
 ) -> None:
@@ -374,6 +408,7 @@ def test_the_points_ranges_start_again_when_the_worker_times_them_with_other_thr
     again = StateStore(restored[0])
     again.record_config(_configured(sizes=(64,)), at=2)
     assert len(again.read().point_figures) == 2  # restarted: the ranges came back
+    assert again.read().others_typical == (0.0,) * 4  # and the node's usual load
     record(again, "4", driver=None)
     assert {k.key.size: len(k.medians_s) for k in again.read().point_medians} == {1: 5, 64: 5}
     assert "driver_version=580.159.04" in again.read().point_medians_timed_as  # kept from before

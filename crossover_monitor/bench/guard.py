@@ -39,6 +39,7 @@ from crossover_monitor.model import (
     PointKey,
     Withheld,
     WithheldReason,
+    others_gate,
     relative_iqr,
     same_timing,
 )
@@ -301,6 +302,7 @@ class Guard:
         reference: Callable[[], float] | None = None,
         reference_baseline: HostReference | None = None,
         point_figures: Iterable[PointFigure] = (),
+        others_floor: float = 0.0,
     ) -> None:
         """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes.
 
@@ -308,9 +310,12 @@ class Guard:
         ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
         ``point_figures``: the top of each point's idle range over recent calm sweeps, which the point timed
         while others use the host (or the reference reads it slowed) is held against.
+        ``others_floor``: what other programs use of the host in nine recent sweeps of ten (the node's usual load),
+        which moves the load a point counts as timed beside others from on a node never quiet (``others_gate``).
         """
         self._settings = settings
         self._point_figures = {figure.key: figure for figure in point_figures}
+        self._others_floor = others_floor
         self._last_others: float | None = None
         self._reference = reference
         self._reference_baseline = reference_baseline
@@ -698,7 +703,7 @@ class Guard:
         host = self._host
         others = _others(load)
         found = self._range_of(judged, stand_in=True)
-        beside_others = others >= self._settings.point_figure_other_cores
+        beside_others = others >= others_gate(self._others_floor, self._settings.point_figure_other_cores)
         if judged is None or host is None or found is None:
             return None
         if not beside_others and not self._reference_read_slowed(load):
@@ -712,7 +717,12 @@ class Guard:
             return None
         whose = "its idle range" if figure.key == judged.key else f"the idle range of n = {figure.key.size}"
         if beside_others:
-            beside = f"others used {others:.2f} cores of the {host.cores()}"
+            usual = (
+                f" (usually {self._others_floor:.2f})"
+                if self._others_floor >= self._settings.point_figure_other_cores
+                else ""
+            )
+            beside = f"others used {others:.2f} cores of the {host.cores()}{usual}"
         else:
             beside = f"the host reference read the host {load.host_slowdown or 1.0:.2f}x slower than its idle figure"
         return (

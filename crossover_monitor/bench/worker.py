@@ -35,7 +35,10 @@ def _claim_stdout() -> TextIO:
 
 
 def build_guard(
-    settings: GuardSettings, host_baseline: HostReference | None = None, point_figures: Sequence[PointFigure] = ()
+    settings: GuardSettings,
+    host_baseline: HostReference | None = None,
+    point_figures: Sequence[PointFigure] = (),
+    others_floor: float = 0.0,
 ) -> Guard:
     """The guard with NVML (when it can start), the host's load meter and the host reference."""
     sampler: GpuSampler | None = None
@@ -65,6 +68,7 @@ def build_guard(
         reference=reading,
         reference_baseline=host_baseline,
         point_figures=point_figures,
+        others_floor=others_floor,
     )
 
 
@@ -82,7 +86,7 @@ def main() -> int:
     options = BackendOptions(tf32=plan.bench.tf32, cpu_threads=plan.bench.cpu_threads or default_cpu_threads())
     try:
         backend = load_backend(plan.bench.backend, options)
-        guard = build_guard(plan.guard, plan.host_baseline, plan.point_figures)
+        guard = build_guard(plan.guard, plan.host_baseline, plan.point_figures, plan.others_floor)
         run_plan(plan, backend, emit, time.perf_counter, guard)
     except MonitorError as exc:
         emit(Fatal(str(exc)))
