@@ -122,13 +122,18 @@ class HostReference:
         return HostReference(median_s=figure, spread=max(within, relative_iqr(figure, between)))
 
 
+# Sweeps whose typical load of other programs must be kept before the node's usual load is read from them.
+OTHERS_SWEEPS_TO_JUDGE = 10
+
+
 def others_gate(others_floor: float, gate: float) -> float:
     """The load of other programs (cores) from which a point counts as timed beside others: ``gate``
     (``guard.point_figure_other_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
-    others use the gate or more in nine sweeps of ten (``ServiceState.others_floor``), that usual load plus the gate.
-    Not the usual load plus the gate everywhere: on a quiet node whose others read 0.28-0.52 cores, the steal sweep
-    of 2026-12-04 (0.82 cores, its host-bound points 1.07-2.45x) would have counted calm."""
-    return gate if others_floor < gate else others_floor + gate
+    others use the gate or more in nine sweeps of ten (``ServiceState.others_floor``), that usual load plus the gate
+    (a step: at a usual load of just the gate, the gate doubles). Not the usual load plus the gate everywhere: on a
+    quiet node whose others read 0.28-0.52 cores, the steal sweep of 2026-12-04 (0.82 cores, its host-bound points
+    1.07-2.45x) would have counted calm. A gate of 0 stays 0 (beside others always)."""
+    return gate if gate <= 0 or others_floor < gate else others_floor + gate
 
 
 def canonical_device(name: str) -> str:
@@ -302,8 +307,8 @@ class Measurement:
     role: Role = "sweep"
     # The most other programs (or the hypervisor's steal) used of the host over the point's timed tries that
     # stood, in cores; None where the guard did not meter it, or where the host reference read the host slowed
-    # over one of its visits. Below guard.point_figure_other_cores the point was timed with the host to itself,
-    # and its median joins the point's idle range (``PointMedians``).
+    # over one of its visits. Below guard.point_figure_other_cores (``others_gate``: above a node's usual load where
+    # it is never that quiet) the point was timed calm, and its median joins the point's idle range (``PointMedians``).
     others_cores: float | None = None
 
     @property
@@ -728,13 +733,15 @@ class ServiceState:
 
     @property
     def others_floor(self) -> float:
-        """What other programs use of the host in nine recent sweeps of ten, in cores (the lower decile of each
-        sweep's typical load; 0 before any sweep): a node whose data loaders always use a core or two is calm
-        at that load, and judged beside others only above it (``guard.point_figure_other_cores`` more). A
-        neighbour there in fewer than nine sweeps of ten cannot raise it."""
-        if len(self.others_typical) < 2:  # noqa: PLR2004 - a quantile needs two
-            return self.others_typical[0] if self.others_typical else 0.0
-        return statistics.quantiles(self.others_typical, n=10, method="inclusive")[0]
+        """What other programs used of the host in at least nine of the kept sweeps in ten, in cores: each sweep's
+        typical load, the one a tenth of the way up (an order statistic, not interpolated, so that it is a load
+        nine sweeps in ten reached); 0 until ``OTHERS_SWEEPS_TO_JUDGE`` sweeps say (a service that starts beside
+        a neighbour must not take it for the node's usual load). A node whose data loaders always use a core or
+        two is calm at that load (``others_gate``); a neighbour there in fewer than nine sweeps of ten cannot
+        raise it, one there in 87 of the 96 kept (about 22 hours at the default schedule) becomes usual."""
+        if len(self.others_typical) < OTHERS_SWEEPS_TO_JUDGE:
+            return 0.0
+        return sorted(self.others_typical)[len(self.others_typical) // 10]
 
     @property
     def point_figures(self) -> tuple[PointFigure, ...]:

@@ -354,8 +354,8 @@ class GuardSettings(Section):
     # While other programs (or the hypervisor) use at least this many cores (on a node whose others use this many in
     # nine recent sweeps of ten, this many more than that usual load: model.others_gate), or the reference reads
     # the host slowed past its allowance, a host-bound point is also held against its own idle range (its medians
-    # in recent sweeps that timed it with others below this and the reference inside that): past its top by more
-    # than host_max_slowdown, it is disturbed like a point the slowed host moved.
+    # in recent sweeps that timed it with others below that and the reference inside its allowance): past its top
+    # by more than host_max_slowdown, it is disturbed like a point the slowed host moved.
     point_figure_other_cores: float = field(
         default=0.75,
         metadata=key(

@@ -141,12 +141,13 @@ class StateStore:
         self, kept: tuple[PointMedians, ...], snapshot: Snapshot, floor: float
     ) -> tuple[PointMedians, ...]:
         """``kept`` with this sweep's median of each configured point it timed while others used less than
-        ``guard.point_figure_other_cores`` above the node's usual load (``floor``, from the sweeps before; a
-        refinement's sizes change from sweep to sweep: they have no range to keep), and without sizes the
-        configuration no longer asks for. Under _lock.
+        ``guard.point_figure_other_cores`` (on a node never that quiet, that much above its usual load ``floor``, from
+        the sweeps before: ``others_gate``; a refinement's sizes change from sweep to sweep: they have no range to
+        keep), and without sizes the configuration no longer asks for. Under _lock.
 
         Calm points only: a point timed beside others' load is what the range judges, and letting it in would
-        let a neighbour that stays widen the range until its slowdown passed. A lasting change of a point (a
+        let a neighbour that stays widen the range until its slowdown passed (one there in nine sweeps of ten
+        becomes the usual load). A lasting change of a point (a
         driver, a framework) enters with the first calm sweeps that time it, as its median is published."""
         settings = self._settings
         others_at_most = others_gate(

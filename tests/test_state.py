@@ -16,6 +16,7 @@ from crossover_monitor.history import FILE_NAME, RunHistory
 from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
+    OTHERS_SWEEPS_TO_JUDGE,
     HostReference,
     RetryResult,
     Role,
@@ -351,34 +352,55 @@ def test_each_configured_points_calm_medians_are_kept_and_the_top_of_their_range
 def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it() -> None:
     """Data loaders that always use 1.5 cores: with the absolute gate (0.75 cores) no sweep was calm and no
     point ever had a range, so the range check (a point moved further than the reference reads) never acted.
-    The usual load is the lower decile of each sweep's typical others; a neighbour there in one sweep of ten does
-    not raise it; where it is at the gate or above, a sweep the gate above it is beside others (judged by the
-    range, not part of it). Below the gate, the gate stands (``others_gate``)."""
+    The usual load is the typical others that nine of the kept sweeps in ten reached, once ten sweeps say; where
+    it is at the gate or above, a sweep the gate above it is beside others (judged by the range, not part of it).
+    Below the gate, the gate stands (``others_gate``)."""
     store = StateStore()
     key = point_key("/CPU:0", 64)
     assert store.read().others_floor == 0.0
 
     def record(seconds: float, others: float) -> None:
         points = [dataclasses.replace(measurement("/CPU:0", n, seconds), others_cores=others) for n in (1, 64)]
+        points.append(dataclasses.replace(measurement("/CPU:0", 48, 1e-3, role="refine"), others_cores=9.0))
+        points.append(dataclasses.replace(measurement("/CPU:0", 96, 1e-3), others_cores=None))
         store.record(
             SweepOutcome(
                 result=SweepResult.SUCCESS, started_at=0, finished_at=1, snapshot=snapshot(measurements=points)
             )
         )
 
-    record(1.0e-3, 1.5)
+    for _ in range(OTHERS_SWEEPS_TO_JUDGE - 1):
+        record(1.0e-3, 1.5)
+    assert store.read().others_floor == 0.0  # too few sweeps: a neighbour at the start is not the usual load
+    record(1.0e-3, 1.6)
+    assert store.read().others_typical[-1] == 1.6  # a refinement's reading and a point without one are not typical
     assert store.read().others_floor == 1.5
-    assert store.read().point_medians == ()  # the first sweep: no usual load yet, so the absolute gate
+    assert store.read().point_medians == ()  # the ten: judged by the gate alone, none calm
     for seconds in (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3):
         record(seconds, 1.6)
     assert {k.key: k.medians_s for k in store.read().point_medians}[key] == (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3)
-    record(3.0e-3, 2.3)  # 0.75 above the usual: beside others
+    record(3.0e-3, 2.25)  # the gate above the usual load: beside others
     assert len({k.key: k.medians_s for k in store.read().point_medians}[key]) == 4
     for _ in range(3):
-        record(1.0e-3, 3.5)  # a heavy neighbour in some sweeps does not become the usual load
-    assert store.read().others_floor == pytest.approx(1.58)  # the lower decile of 1.5, 1.6 x4, 2.3, 3.5 x3
+        record(1.0e-3, 0.2)  # quiet in some sweeps: the node is no longer one never quiet
+    assert store.read().others_floor == 0.2
+
+
+@pytest.mark.parametrize(
+    ("loads", "floor"),
+    [
+        ((0.3, 5.0), 0.0),  # two sweeps: too few
+        ((0.3, *[5.0] * 9), 5.0),  # nine of ten reached 5 cores
+        ((0.3, 0.3, *[5.0] * 8), 0.3),  # eight of ten did not make it usual
+        ((*[0.3] * 10, *[3.0] * 86), 0.3),  # a neighbour in 86 of the 96 kept: not yet usual
+        ((*[0.3] * 9, *[3.0] * 87), 3.0),  # in 87: usual (about 22 hours at the default schedule)
+    ],
+)
+def test_the_usual_load_is_what_nine_sweeps_in_ten_reached(loads: tuple[float, ...], floor: float) -> None:
+    assert ServiceState(others_typical=loads).others_floor == floor
     assert others_gate(0.28, 0.75) == 0.75  # a quiet node's: the steal sweep of 2026-12-04 (0.82) stays beside others
     assert others_gate(0.75, 0.75) == 1.5
+    assert others_gate(3.0, 0.0) == 0.0  # a gate of 0: beside others always, as before
 
 
 def test_the_points_ranges_start_again_when_the_worker_times_them_with_other_threads_or_versions(

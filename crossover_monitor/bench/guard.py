@@ -691,8 +691,9 @@ class Guard:
 
     def _moved_past_own_range(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
         """Why the point, timed while other programs (or the hypervisor) used at least
-        ``point_figure_other_cores`` of the host, or while the host reference read the host slowed past its
-        allowance, reads past the top of its idle range (recent calm sweeps) by more than ``host_max_slowdown``,
+        ``point_figure_other_cores`` of the host (above its usual load on a node never that quiet: ``others_gate``),
+        or while the host reference read the host slowed past its allowance, reads past the top of its idle range
+        (recent calm sweeps) by more than ``host_max_slowdown``,
         or None. Only a host-bound point: the reference reads the timing thread, but a neighbour's BLAS thread
         beside one of a framework's pool threads, or its memory traffic beside a copy, slows the point and leaves
         the reference almost as fast (TensorFlow beside a 1-thread BLAS job on an H200: points 1.25-1.35x their
