@@ -2,8 +2,8 @@
 work-stealing pool hands that thread's share to the others (issue 32).
 
 The guard sets aside CPU blocks whose threads waited for a CPU only where the pool is fork-join
-(``thread_pool`` of the CPU device) or has one thread. TensorFlow's Eigen pool measured work-stealing (tf_pool_probe.py); PyTorch
-(OpenMP) fork-join; JAX (XLA's CPU client) was assumed fork-join. This probe times each framework's CPU matmul
+(``thread_pool`` of the CPU device) or has one thread. TensorFlow's Eigen pool measured work-stealing
+(tf_pool_probe.py); PyTorch (OpenMP) fork-join; JAX (XLA's CPU client) was assumed fork-join. This probe times each framework's CPU matmul
 with the service's thread count (cores - 1; JAX confined to that many CPUs, as the service confines it) in fresh
 processes, idle and beside one busy core pinned to CPU 0, alternated ``--rounds`` times, and prints each one's
 loaded median over its idle median per size.

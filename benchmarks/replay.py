@@ -12,8 +12,8 @@ started firing.
 A sweep recorded before the service metered each point (no ``others_cores`` on its points: ``once --json`` and
 scrapes of /metrics from before 2026-12-06) is judged here as the guard judges one now while others use the host
 (``guard.past_idle_range``): where the sweep's own reading of other programs' load and steal over the CPU's points
-(its hardware context, standing for each point's) reaches ``guard.point_figure_other_cores`` (``model.others_gate``), each host-bound point
-is held against the top of its idle range in the replayed service's state (the calm sweeps drawn before it), and
+(its hardware context, standing for each point's) reaches ``guard.point_figure_other_cores`` (``model.others_gate``),
+each host-bound point is held against the top of its idle range in the replayed service's state (the calm sweeps drawn before it), and
 one past it by more than ``guard.host_max_slowdown`` is withheld (``host_slowed``) and its crossover derived
 without it. The service would time such a point again first; a replay cannot, so it withholds at once.
 ``--unjudged`` draws them as they published. Scrapes (``.prom`` files, or a directory of them, each taken right

@@ -15,6 +15,7 @@ from typing import TypeVar
 from crossover_monitor.carry import served, trimmed
 from crossover_monitor.history import RunHistory
 from crossover_monitor.model import (
+    Measurement,
     PointMedians,
     RetryResult,
     ServiceState,
@@ -147,17 +148,13 @@ class StateStore:
 
         Calm points only: a point timed beside others' load is what the range judges, and letting it in would
         let a neighbour that stays widen the range until its slowdown passed (one there in nine sweeps of ten
-        becomes the usual load). A lasting change of a point (a
-        driver, a framework) enters with the first calm sweeps that time it, as its median is published."""
+        becomes the usual load). A lasting change of a point (a driver, a framework) enters with the first calm
+        sweeps that time it, as its median is published."""
         settings = self._settings
         others_at_most = others_gate(
             floor, (settings.guard if settings is not None else GuardSettings()).point_figure_other_cores
         )
-        timed = {
-            m.key: m.timing.median_s
-            for m in snapshot.measurements
-            if m.role != "refine" and m.others_cores is not None and m.others_cores < others_at_most
-        }
+        timed = {m.key: m.timing.median_s for m, others in _metered(snapshot) if others < others_at_most}
         by_key = {k.key: k for k in kept}
         for key, median in timed.items():
             earlier = by_key[key].medians_s if key in by_key else ()
@@ -180,9 +177,15 @@ class StateStore:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
 
 
+def _metered(snapshot: Snapshot) -> list[tuple[Measurement, float]]:
+    """The sweep's configured points that say what others used of the host over them, with that load (a
+    refinement's sizes change from sweep to sweep)."""
+    return [(m, m.others_cores) for m in snapshot.measurements if m.role != "refine" and m.others_cores is not None]
+
+
 def _typical_others(snapshot: Snapshot) -> float | None:
-    """The median of what others used of the host over the sweep's configured points that say (None: none did)."""
-    readings = [m.others_cores for m in snapshot.measurements if m.role != "refine" and m.others_cores is not None]
+    """The median of what others used of the host over the sweep's metered configured points (None: none said)."""
+    readings = [others for _, others in _metered(snapshot)]
     return statistics.median(readings) if readings else None
 
 

@@ -239,10 +239,9 @@ class _BlockWatch:
     In a fork-join pool every parallel call waits for its slowest thread (a pool of one, for its only one), so
     threads that waited ``w`` cores' worth over a block (a neighbour's thread sharing a core with one of them)
     stalled it by up to ``w`` of its time: a block they waited more than ``allowed`` in is set aside and another
-    timed. A neighbour the scheduler moves
-    between cores leaves undisturbed blocks between those it slowed (beside one busy core of 16, the
-    threads waited 0.12-0.30 cores over whole points, and some points published 1.5x slower:
-    benchmarks/README.md, "the threads' wait").
+    timed. A neighbour the scheduler moves between cores leaves undisturbed blocks between those it slowed (beside
+    one busy core of 16, the threads waited 0.12-0.30 cores over whole points, and some points published 1.5x
+    slower: benchmarks/README.md, "the threads' wait").
     """
 
     host: HostMeter
@@ -704,7 +703,8 @@ class Guard:
         host = self._host
         others = _others(load)
         found = self._range_of(judged, stand_in=True)
-        beside_others = others >= others_gate(self._others_floor, self._settings.point_figure_other_cores)
+        gate = others_gate(self._others_floor, self._settings.point_figure_other_cores)
+        beside_others = others >= gate
         if judged is None or host is None or found is None:
             return None
         if not beside_others and not self._reference_read_slowed(load):
@@ -718,11 +718,8 @@ class Guard:
             return None
         whose = "its idle range" if figure.key == judged.key else f"the idle range of n = {figure.key.size}"
         if beside_others:
-            usual = (
-                f" (usually {self._others_floor:.2f})"
-                if self._others_floor >= self._settings.point_figure_other_cores
-                else ""
-            )
+            # Moved past the setting by the node's usual load: name it, as the gate is not the configured one.
+            usual = f" (usually {self._others_floor:.2f})" if gate > self._settings.point_figure_other_cores else ""
             beside = f"others used {others:.2f} cores of the {host.cores()}{usual}"
         else:
             beside = f"the host reference read the host {load.host_slowdown or 1.0:.2f}x slower than its idle figure"
