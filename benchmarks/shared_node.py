@@ -263,6 +263,13 @@ def rates_around(
 
 
 def idle_phase(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None]) -> None:
+    if args.no_peer:  # sweeps only: the service's own figures (ranges, usual load) take many, the peer doubles them
+        for index in range(args.sweeps):
+            results["idle"].append({"service": sweep(args)})
+            save()
+            service = results["idle"][-1]["service"]
+            print(f"idle sweep {index}: {service['result']} {service['s']:.0f}s withheld {service.get('withheld')}")
+        return
     reference_before = run_peer(args.threads, args.gpu)
     for index in range(args.sweeps):
         service = sweep(args)
@@ -664,6 +671,14 @@ def main() -> None:
         "sweeps beside that shape with the guard off, to show what it withheld)",
     )
     parser.add_argument("--devices", help="the service's devices, comma-separated (default: every device)")
+    parser.add_argument("--no-peer", action="store_true", help="idle: the service's sweeps without the peer's")
+    parser.add_argument(
+        "--usual-load",
+        type=int,
+        default=0,
+        help="busy loops (free to run on any core) kept running through every phase: a node whose data loaders "
+        "always use that many cores, the service's usual load (its idle sweeps are then sweeps beside them)",
+    )
     parser.add_argument("--report", type=Path, help="print a recorded cotenants phase's report, and stop")
     parser.add_argument("--spread", type=Path, help="print a recorded alternate phase's ratios per round, and stop")
     args = parser.parse_args()
@@ -688,6 +703,7 @@ def main() -> None:
         "backend": args.backend,
         "threads": args.threads,
         "cores": len(os.sched_getaffinity(0)),
+        "usual_load": args.usual_load,
         "idle": [],
     }
     phases = args.phases.split(",")
@@ -697,6 +713,17 @@ def main() -> None:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=1, default=str))
 
+    usual = spinners(args.usual_load)
+    try:
+        run_phases(args, results, save, phases)
+    finally:
+        for process in usual:
+            process.kill()
+        for process in usual:
+            process.wait()
+
+
+def run_phases(args: argparse.Namespace, results: dict[str, Any], save: Callable[[], None], phases: list[str]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name, phase in (
             ("idle", lambda: idle_phase(args, results, save)),
