@@ -243,6 +243,10 @@ CPU_BLOCKS_SET_ASIDE = _metric(
     "Share of the CPU's timed blocks set aside and timed again because the worker's threads waited for a CPU in them",
     DEVICE_LABELS,
 )
+USUAL_OTHER_LOAD = _metric(
+    "matmul_host_usual_other_load_cores",
+    "What other programs usually use of the host, in cores: the load nine of ten recent sweeps reached",
+)
 HOST_SLOWDOWN = _metric(
     "matmul_host_slowdown_ratio",
     "Most the host reference ran slower than its idle figure over the device's points (1: as fast)",
@@ -371,6 +375,7 @@ class StateCollector(Collector):
             (CONFIG_LOADED_AT, state.config_loaded_at),
             (WORKER_CPU, state.latest.worker_cpu_seconds if state.latest is not None else None),
             (WORKER_MEMORY, state.latest.worker_peak_rss_bytes if state.latest is not None else None),
+            (USUAL_OTHER_LOAD, state.usual_others),
         ):
             if value is not None:
                 gauge = _gauge(name)

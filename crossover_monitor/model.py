@@ -732,16 +732,22 @@ class ServiceState:
         return HostReference.of(self.host_references)
 
     @property
-    def others_floor(self) -> float:
+    def usual_others(self) -> float | None:
         """What other programs used of the host in at least nine of the kept sweeps in ten, in cores: each sweep's
         typical load, the one a tenth of the way up (an order statistic, not interpolated, so that it is a load
-        nine sweeps in ten reached); 0 until ``OTHERS_SWEEPS_TO_JUDGE`` sweeps say (a service that starts beside
+        nine sweeps in ten reached); None until ``OTHERS_SWEEPS_TO_JUDGE`` sweeps say (a service that starts beside
         a neighbour must not take it for the node's usual load). A node whose data loaders always use a core or
         two is calm at that load (``others_gate``); a neighbour there in fewer than nine sweeps of ten cannot
         raise it, one there in 87 of the 96 kept (about 22 hours at the default schedule) becomes usual."""
         if len(self.others_typical) < OTHERS_SWEEPS_TO_JUDGE:
-            return 0.0
+            return None
         return sorted(self.others_typical)[len(self.others_typical) // 10]
+
+    @property
+    def others_floor(self) -> float:
+        """The usual load the guard and the calm ranges go by (``usual_others``), 0 until it is known."""
+        usual = self.usual_others
+        return 0.0 if usual is None else usual
 
     @property
     def point_figures(self) -> tuple[PointFigure, ...]:

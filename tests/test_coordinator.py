@@ -10,9 +10,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
+from crossover_monitor.bench import worker
 from crossover_monitor.config import settings_from_mapping
 from crossover_monitor.coordinator import SweepCoordinator
 from crossover_monitor.daemon import Service
@@ -185,7 +187,9 @@ def test_a_reload_as_a_sweep_is_recorded_decides_alone_what_is_served_and_what_t
     assert restored[0].latest == state.latest
 
 
-def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_store_keeps() -> None:
+def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_store_keeps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """What the store kept of recent sweeps reaches the worker's plan: the host reference's idle figure and each
     point's calm range (without them the guard would judge against nothing), and the node's usual load."""
     key = PointKey(backend="tensorflow", device="/CPU:0", dtype="float32", mode="compute", size=64)
@@ -211,3 +215,13 @@ def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_stor
     assert plan.point_figures == (PointFigure(key=key, upper_s=1.2e-3, sweeps=4),)
     assert plan.others_floor == 1.2  # what nine of the ten sweeps' typical loads reached
     assert Plan.from_json(plan.to_json()).others_floor == plan.others_floor  # as the worker reads it
+    # And the worker hands all of it to its guard (a field dropped there would leave the guard judging by nothing).
+    given: dict[str, Any] = {}
+    monkeypatch.setattr(worker, "Guard", lambda settings, **kwargs: given.update(kwargs, settings=settings))
+    worker.build_guard(Plan.from_json(plan.to_json()))
+    assert given["settings"] == plan.guard
+    assert (given["reference_baseline"], tuple(given["point_figures"]), given["others_floor"]) == (
+        plan.host_baseline,
+        plan.point_figures,
+        plan.others_floor,
+    )

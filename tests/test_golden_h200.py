@@ -45,6 +45,7 @@ ADDED_SINCE_RECORDING = {
     metrics.WORKER_CPU,  # what a sweep costs the node (issue 35)
     metrics.WORKER_MEMORY,
     metrics.POINTS_WITHHELD,  # points withheld alone (issue 32)
+    metrics.USUAL_OTHER_LOAD,  # the node's usual load (issue 32)
 }
 # Labels added after it (dcgm-exporter's join keys, issue 19): empty in the data it holds, so dropped here.
 LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id", "cpu_affinity", "driver_version"}

@@ -20,6 +20,8 @@ import pytest
 from crossover_monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
 from crossover_monitor.model import (
     DeviceInfo,
+    HostReference,
+    PointMedians,
     RecentCrossovers,
     ServiceState,
     SweepOutcome,
@@ -392,6 +394,36 @@ def test_a_served_state_of_format_2_restores_its_n1_point_under_the_new_role(tmp
     restored = RunHistory.open(tmp_path, keep_runs=10).restore()
     assert restored is not None
     assert restored[0].latest == served
+
+
+def test_a_served_state_of_format_4_restores_with_no_usual_load_yet(tmp_path: Path) -> None:
+    """Format 4 kept no sweep's typical others: the older file restores everything else (the host's figure, the
+    points' calm medians), and the node's usual load starts over from the next sweeps, not from a guess."""
+    key = measurement("cuda:0", 64, 1e-5).key
+    state = dataclasses.replace(
+        served_after(SUCCESS),
+        host_references=(HostReference(median_s=4e-4, spread=0.05),),
+        point_medians=(PointMedians(key=key, medians_s=(1e-5, 1.1e-5, 1e-5, 1.05e-5)),),
+        others_typical=(1.2,) * 12,
+    )
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    assert history.record("sweep", SUCCESS, state, "torch")
+    history.close()
+    stored = _stored_state(tmp_path)
+    assert isinstance(stored, dict)
+    as_format_4 = {k: v for k, v in stored["served"].items() if k != "others_typical"}
+    _store_state(tmp_path, {"format": 4, "served": as_format_4})
+    restored = RunHistory.open(tmp_path, keep_runs=10).restore()
+    assert restored is not None
+    served, backend = restored
+    assert backend == "torch"
+    assert (served.latest, served.host_references, served.point_medians) == (
+        state.latest,
+        state.host_references,
+        state.point_medians,
+    )
+    assert served.others_typical == ()
+    assert served.others_floor == 0.0  # ten sweeps must say before a load counts as usual
 
 
 def test_a_history_nested_too_deep_or_with_odd_columns_starts_the_service_and_lists_the_rows(tmp_path: Path) -> None:

@@ -7,7 +7,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from crossover_monitor.metrics import EXPOSED_NAMES, StateCollector, build_registry, exposition_type, render
+from crossover_monitor.metrics import (
+    EXPOSED_NAMES,
+    StateCollector,
+    build_registry,
+    exposition_type,
+    parse_exposition,
+    render,
+    render_state,
+)
 from crossover_monitor.model import (
     CostModel,
     DeviceInfo,
@@ -15,6 +23,7 @@ from crossover_monitor.model import (
     Measurement,
     PointKey,
     Role,
+    ServiceState,
     Snapshot,
     SweepOutcome,
     SweepResult,
@@ -214,7 +223,27 @@ def test_exposed_names_cover_every_family_rendered() -> None:
     assert content_type.startswith("text/plain")
     names = {name for name, _ in parse(body.decode())}
     assert names <= EXPOSED_NAMES
-    assert EXPOSED_NAMES - names == {"matmul_sweep_next_timestamp_seconds"}  # needs a scheduler
+    # The next sweep needs a scheduler; the node's usual load, ten sweeps.
+    assert EXPOSED_NAMES - names == {"matmul_sweep_next_timestamp_seconds", "matmul_host_usual_other_load_cores"}
+
+
+@pytest.mark.parametrize(
+    ("loads", "served"),
+    [
+        ((), None),
+        ((1.5,) * 9, None),  # nine sweeps: a neighbour at the start is not yet the node's usual load (no zero either)
+        ((0.3, *[1.5] * 9), 1.5),  # what nine sweeps of ten reached: the load the guard now takes as usual
+        ((0.3, 0.3, *[1.5] * 8), 0.3),
+    ],
+)
+def test_the_usual_load_is_served_once_ten_sweeps_say(loads: tuple[float, ...], served: float | None) -> None:
+    state = ServiceState(others_typical=loads)
+    body, _ = render_state(state, exposition_type(None), backend="torch")
+    found = [
+        value for name, _, value in parse_exposition(body.decode()) if name == "matmul_host_usual_other_load_cores"
+    ]
+    assert found == ([] if served is None else [served])
+    assert state.others_floor == (served or 0.0)  # the same figure the guard and the calm ranges go by
 
 
 def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_one() -> None:

@@ -21,9 +21,8 @@ from crossover_monitor.bench.podresources import PodResourcesClient, holders
 from crossover_monitor.bench.registry import load_backend
 from crossover_monitor.bench.runner import run_plan
 from crossover_monitor.errors import MonitorError
-from crossover_monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES, HostReference, PointFigure
+from crossover_monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES
 from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, encode
-from crossover_monitor.settings import GuardSettings
 
 
 def _claim_stdout() -> TextIO:
@@ -34,13 +33,10 @@ def _claim_stdout() -> TextIO:
     return channel
 
 
-def build_guard(
-    settings: GuardSettings,
-    host_baseline: HostReference | None = None,
-    point_figures: Sequence[PointFigure] = (),
-    others_floor: float = 0.0,
-) -> Guard:
-    """The guard with NVML (when it can start), the host's load meter and the host reference."""
+def build_guard(plan: Plan) -> Guard:
+    """The guard with NVML (when it can start), the host's load meter and the host reference, and what the
+    service's state knows of this node (its figures and usual load) from the plan: all of it, from one place."""
+    settings = plan.guard
     sampler: GpuSampler | None = None
     problem = ""
     if settings.enabled:
@@ -66,9 +62,9 @@ def build_guard(
         sleep=time.sleep,
         pods=pods,
         reference=reading,
-        reference_baseline=host_baseline,
-        point_figures=point_figures,
-        others_floor=others_floor,
+        reference_baseline=plan.host_baseline,
+        point_figures=plan.point_figures,
+        others_floor=plan.others_floor,
     )
 
 
@@ -86,7 +82,7 @@ def main() -> int:
     options = BackendOptions(tf32=plan.bench.tf32, cpu_threads=plan.bench.cpu_threads or default_cpu_threads())
     try:
         backend = load_backend(plan.bench.backend, options)
-        guard = build_guard(plan.guard, plan.host_baseline, plan.point_figures, plan.others_floor)
+        guard = build_guard(plan)
         run_plan(plan, backend, emit, time.perf_counter, guard)
     except MonitorError as exc:
         emit(Fatal(str(exc)))
