@@ -707,6 +707,8 @@ def main() -> None:
         "idle": [],
     }
     phases = args.phases.split(",")
+    if args.no_peer and {"crowded", "gpu"} & set(phases):
+        sys.exit("--no-peer: the crowded and gpu phases compare against the idle sweeps' peer; leave it out for them")
 
     def save() -> None:  # after every phase: a run cut off at its limit keeps what it measured
         if args.out:

@@ -142,6 +142,10 @@ WORKER_CPU = _metric(
 WORKER_MEMORY = _metric(
     "matmul_sweep_worker_peak_memory_bytes", "Peak resident memory of the worker of the latest completed sweep"
 )
+USUAL_OTHER_LOAD = _metric(
+    "matmul_host_usual_other_load_cores",
+    "Other processes' usual load on the host (steal included), in cores: what nine of ten recent sweeps reached",
+)
 SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
 NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")
 CONFIG_LOADED = _metric(
@@ -242,10 +246,6 @@ CPU_BLOCKS_SET_ASIDE = _metric(
     "matmul_cpu_blocks_set_aside_ratio",
     "Share of the CPU's timed blocks set aside and timed again because the worker's threads waited for a CPU in them",
     DEVICE_LABELS,
-)
-USUAL_OTHER_LOAD = _metric(
-    "matmul_host_usual_other_load_cores",
-    "What other programs usually use of the host, in cores: the load nine of ten recent sweeps reached",
 )
 HOST_SLOWDOWN = _metric(
     "matmul_host_slowdown_ratio",

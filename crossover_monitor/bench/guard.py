@@ -310,7 +310,8 @@ class Guard:
         ``point_figures``: the top of each point's idle range over recent calm sweeps, which the point timed
         while others use the host (or the reference reads it slowed) is held against.
         ``others_floor``: what other programs use of the host in nine recent sweeps of ten (the node's usual load),
-        which moves the load a point counts as timed beside others from on a node never quiet (``others_gate``).
+        which moves the load a point counts as timed beside others from on a node never quiet (``others_gate``); 0
+        until ten sweeps say, which leaves the setting alone as the gate.
         """
         self._settings = settings
         self._point_figures = {figure.key: figure for figure in point_figures}
