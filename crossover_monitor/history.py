@@ -11,6 +11,13 @@ timestamp and a new one started; a write that fails (a full disk) is logged and 
 serving from memory. Neither stops the service. The file is also checked before each write: one
 replaced, removed, truncated or overwritten while the service runs is said in the log, moved aside,
 and the history the service still holds open is written to a new file at the path.
+
+SQLite's locks are POSIX record locks, which belong to the process and the file: closing *any* descriptor of
+the file in this process drops them all. A process without its shared lock looks gone to another program
+that opens the file (the ``sqlite3`` shell, a backup script), and that program, closing as what it takes for
+the last user, checkpoints the WAL and deletes it while this one goes on writing into the deleted file. So
+this process never opens and closes the file beside its connection: the checks read it through the
+connection and through one descriptor held as long as the connection.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import dataclasses
 import errno
 import json
 import logging
+import os
 import shutil
 import sqlite3
 import threading
@@ -156,6 +164,7 @@ class RunHistory:
         self._pending: list[tuple[Any, ...]] = []  # run rows a busy file kept out, written with the next record
         self._pending_served: _Served | None = None  # and the state served after the last of them
         self._identity = _identity(path)  # the file this connection has open, to tell a replaced one
+        self._header_fd: int | None = None  # the same file, held open beside the connection (the docstring says why)
 
     @classmethod
     def open(cls, directory: Path, keep_runs: int) -> RunHistory:
@@ -178,8 +187,20 @@ class RunHistory:
             history._prepare()
         except sqlite3.Error as exc:
             raise HistoryUnavailable(f"cannot open {path}: {exc}") from None
-        history._identity = _identity(path)
+        history._hold_file()
         return history
+
+    def _hold_file(self) -> None:
+        """Open the descriptor the checks read the file's header through, once the connection made the file."""
+        self._identity = _identity(self.path)
+        with contextlib.suppress(OSError):  # else opened by the next check, which says why it cannot be
+            self._header_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def _release_file(self) -> None:
+        """Close the held descriptor; only once the connection to that file is closed (it drops its locks)."""
+        if self._header_fd is not None:
+            os.close(self._header_fd)
+            self._header_fd = None
 
     def _still_ours(self) -> str | None:
         """Why the file at the path is no longer the one this history writes (None: it is). Under the lock."""
@@ -188,25 +209,22 @@ class RunHistory:
             return "was removed" if not self.path.exists() and not self.path.is_symlink() else "is not a file any more"
         if now != self._identity:
             return "was replaced by another file"
-        # The file's own first bytes: a reader would see the pages still in the WAL and miss an overwrite.
+        # The file's own first bytes: a reader would see the pages still in the WAL and miss an overwrite. Read
+        # through the held descriptor (the same file: its identity was just compared), never a new one.
         try:
-            with self.path.open("rb") as file:
-                header = file.read(len(_SQLITE_HEADER))
+            if self._header_fd is None:  # not opened with the connection: held from now on
+                self._header_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            header = os.pread(self._header_fd, len(_SQLITE_HEADER), 0)
         except OSError as exc:
             return f"cannot be read ({exc.strerror or exc})"
         if header != _SQLITE_HEADER:
             return "was changed by something else: it " + ("is empty (truncated)" if not header else "was overwritten")
         try:
-            problem = _problem_with(self.path, ours=True)
-        except HistoryBusy:
-            # A read-only connection can keep failing (an I/O error on the shared-memory index) after another
-            # process's exclusive lock went: ask through the connection this history writes with.
-            try:
-                problem = _problem_in(self._db, ours=True)
-            except sqlite3.Error as exc:
-                if _transient(exc):
-                    raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
-                problem = f"is not a readable database ({exc})"
+            problem = _problem_in(self._db, ours=True)
+        except sqlite3.Error as exc:
+            if _transient(exc):
+                raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
+            problem = f"is not a readable database ({exc})"
         return None if problem is None else f"was changed by something else: it {problem}"
 
     def _recover(self, problem: str) -> None:
@@ -228,9 +246,10 @@ class RunHistory:
             fresh = sqlite3.connect(self.path, timeout=WRITE_WAIT_S, isolation_level=None, check_same_thread=False)
             kept = f"a new history (the one held open could not be read: {exc})"
         self._db.close()
+        self._release_file()
         self._db = fresh
         self._prepare()
-        self._identity = _identity(self.path)
+        self._hold_file()
         where = f"; moved what is there to {aside.name}" if aside is not None else ""
         log.warning(f"run history: {self.path} {problem} while the service ran{where}; wrote {kept} to {self.path}")
 
@@ -252,6 +271,7 @@ class RunHistory:
                 except (HistoryBusy, sqlite3.Error, OSError) as exc:
                     log.warning(f"run history: {len(self._pending)} run(s) not recorded in {self.path}: {exc}")
             self._db.close()
+            self._release_file()
 
     def restore(self) -> tuple[ServiceState, str] | None:
         """What was served before the restart and the configured backend that timed it; None for a new history."""
