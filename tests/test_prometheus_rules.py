@@ -196,3 +196,28 @@ def test_runbook_base_address_is_one_absolute_link_to_the_alerts_doc() -> None:
     (url,) = re.findall(r'"url", "([^"]+)"', str(rule["expr"]))
     assert url.startswith("https://")
     assert url.endswith("/docs/alerts.md")
+
+
+NAME_TOKEN = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+
+def later_reads(groups: list[dict[str, Any]]) -> list[str]:
+    """Each rule that reads a name its own group records after it, as 'group: rule reads name'."""
+    found = []
+    for group in groups:
+        rules = group["rules"]
+        for index, rule in enumerate(rules):
+            read = set(NAME_TOKEN.findall(str(rule["expr"])))
+            later = {str(r["record"]) for r in rules[index + 1 :] if "record" in r}
+            found += [f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {name}" for name in read & later]
+    return found
+
+
+def test_no_rule_reads_a_series_its_group_records_after_it() -> None:
+    """Issue 52: a rule that reads one its group evaluates later sees the previous evaluation's value, and none at all
+    where the group's interval is past the 5-minute lookback (the ambiguous-sweeps drift alert could then not fire)."""
+    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+    assert later_reads(document["groups"]) == []
+    # The check itself finds such a rule.
+    backwards = [{"name": "g", "rules": [{"record": "a:b:c", "expr": "x:y:z + 1"}, {"record": "x:y:z", "expr": "1"}]}]
+    assert later_reads(backwards) == ["g: a:b:c reads x:y:z"]
