@@ -31,7 +31,9 @@ What a client cannot do to it (``HttpLimits``):
   checks is evicted first (its pending check dropped if it has not begun), so guessers cannot keep out
   probes or a client whose first (slow, uncached) check of the right password is still waiting;
 - smuggle a second request: one with both Content-Length and Transfer-Encoding is refused (400) and the
-  connection closed (RFC 9112 section 6.1).
+  connection closed (RFC 9112 section 6.1);
+- change something from a page of another site (a form, a no-cors fetch in an operator's browser): a request
+  other than GET, HEAD or OPTIONS whose Sec-Fetch-Site or Origin says another site gets 403 (``_cross_site``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ _CHUNK_SIZE_DIGITS = 16  # a chunk size that fits 64 bits, as Go's net/http allo
 # the answer before counts as stalled after this long (not stalled_write_s), see HttpServer._victim.
 _SETTLED_S = 1.0
 _PIPELINED_STALL_S = 0.25
+# Methods that change nothing, which a page of any site may send (a link, an <img>): not checked for CSRF.
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # A new connection finding no room waits this long for some, polling, before its 503; so many at most at once.
 _ADMISSION_WAIT_S = 1.0
 _ADMISSION_POLL_S = 0.05
@@ -498,7 +502,9 @@ class HttpServer:
             connection.pipelined = bool(protocol.trailing_data[0]) or connection.reader.received > connection.read
             connection.busy = True
             try:
-                response = await self._admitted(request, connection)
+                response = _cross_site(request)  # before the password check: a forged request costs no bcrypt
+                if response is None:
+                    response = await self._admitted(request, connection)
                 if response is None:
                     response = await self._loop.run_in_executor(self._pool, self._answer, request)
                 await self._send(protocol, connection, response, head=request.method == "HEAD")
@@ -859,6 +865,43 @@ def _origin_form(target: str) -> str:
             raise h11.RemoteProtocolError(f"bad request target: {exc}", error_status_hint=400) from None
         return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return target
+
+
+def _cross_site(request: Request) -> Response | None:
+    """403 for a request that would change something and that a page of another site sent (CSRF); else None.
+
+    A page of any site may send a form or a no-cors fetch without CORS' consent, so an operator's open tab
+    could start sweeps and reloads. The rule of Go's ``http.CrossOriginProtection`` (Prometheus has none):
+    a browser's Sec-Fetch-Site decides where sent (current browsers send it); else an Origin must name the
+    Host asked for, by host and port, not scheme (behind a proxy that ends TLS the page is https, this http);
+    a request with neither is no browser's (curl, a config-reloader sidecar) and passes.
+    """
+    if request.method in _SAFE_METHODS:
+        return None
+    site = request.header("sec-fetch-site") or ""
+    origin = request.header("origin") or ""
+    host = (request.header("host") or "").lower()
+    if site:
+        if site in ("same-origin", "none"):  # "none": the user's own doing (typed, bookmarked)
+            return None
+        said = f"Sec-Fetch-Site: {site}"
+    elif not origin or (host and _host_of(origin) == host):
+        return None
+    else:
+        said = f"Origin: {origin}"
+    body = (
+        f"refused: a request from another site ({said}) may not change anything here; send it from this "
+        "server's own pages or without Origin and Sec-Fetch-Site, as curl does\n"
+    )
+    return Response(status=403, body=body.encode())
+
+
+def _host_of(origin: str) -> str:
+    """The host and port of an Origin header (``http://host:port``); empty for ``null`` or one that does not parse."""
+    try:
+        return urllib.parse.urlsplit(origin).netloc.lower()
+    except ValueError:
+        return ""
 
 
 def _accepts_gzip(header: str) -> bool:

@@ -15,8 +15,9 @@ node_exporter works here unchanged::
     basic_auth_users:
       prometheus: $2y$10$...   # bcrypt, e.g. from `htpasswd -nBC 10 prometheus`
 
-Relative paths are relative to the file. The file and the certificates it names are watched: a change
-takes effect for new connections within a second or two, and a broken change is logged while the last
+A user's hash must be of bcrypt's exact 60-character form, at a cost of 4 to 17 (htpasswd's most), checked from its
+text before bcrypt runs. Relative paths are relative to the file. The file and the certificates it names are watched:
+a change takes effect for new connections within a second or two, and a broken change is logged while the last
 good configuration stays. ``RequestClientCert``, ``RequireAnyClientCert`` (accepting certificates
 nobody verified), ``cipher_suites``, ``curve_preferences`` and ``client_allowed_sans`` are Go TLS
 settings this server does not offer: a file with them is refused with that reason, not half obeyed.
@@ -29,6 +30,7 @@ import binascii
 import functools
 import hashlib
 import logging
+import re
 import ssl
 import threading
 import time
@@ -83,6 +85,14 @@ _CACHE_SIZE = 1024  # checked credentials remembered (successes and failures), l
 # lines in 12 s).
 _REFUSAL_LOG_WINDOW_S = 10.0
 _PEERS_NAMED = 5
+# A bcrypt hash as bcrypt writes it: version, two-digit cost, 22 characters of salt, 31 of hash, 60 in all. Checked
+# before bcrypt sees it: bcrypt reads only the first 29 characters (a truncated hash was taken, and then no password
+# matched it), and the 22nd salt character carries 2 bits, so bcrypt refuses all but these four there.
+_BCRYPT_HASH = re.compile(rb"\$2[aby]\$(?P<cost>[0-9]{2})\$[./A-Za-z0-9]{21}[.Oeu][./A-Za-z0-9]{31}")
+_MIN_COST = 4  # bcrypt's own least
+# The most this server takes, htpasswd's own most (-C 17), so any hash it makes is taken. Each step doubles a check:
+# 17 is ~8 s of a core here (10: 0.06 s), and 31 would be days, at every start, reload and new login.
+_MAX_COST = 17
 
 
 @functools.cache
@@ -216,15 +226,31 @@ def _users(value: Any, problems: list[Problem]) -> dict[str, bytes]:
             problems.append(Problem(name, "a user name must be non-empty and have no ':'"))
             continue
         raw = str(hashed or "").encode()
-        try:
-            bcrypt.checkpw(b"", raw)
-        except ValueError:
-            problems.append(
-                Problem(name, "must be a bcrypt hash ($2a$, $2b$ or $2y$), e.g. from `htpasswd -nBC 10 USER`")
-            )
+        problem = _hash_problem(raw)
+        if problem is not None:
+            problems.append(Problem(name, problem))
             continue
         users[str(user)] = raw
     return users
+
+
+def _hash_problem(raw: bytes) -> str | None:
+    """What is wrong with a user's bcrypt hash, from its form and cost field alone, or None: bcrypt never runs here."""
+    shape = _BCRYPT_HASH.fullmatch(raw)
+    if shape is None:
+        return (
+            f"must be a bcrypt hash of 60 characters (this one has {len(raw)}): $2a$, $2b$ or $2y$, "
+            "a two-digit cost, $, then 53 of bcrypt's base64 (./A-Za-z0-9), e.g. from `htpasswd -nBC 10 USER`"
+        )
+    cost = int(shape["cost"])
+    if cost > _MAX_COST:
+        return (
+            f"bcrypt cost {cost} is over {_MAX_COST}, the most this server takes: each check would take "
+            f"{2 ** (cost - 10):,} times as long as one at cost 10; hash it again, e.g. `htpasswd -nBC 10 USER`"
+        )
+    if cost < _MIN_COST:
+        return f"bcrypt cost {cost} is under {_MIN_COST}, bcrypt's least; hash it again, e.g. `htpasswd -nBC 10 USER`"
+    return None
 
 
 def _headers(value: Any, problems: list[Problem]) -> tuple[tuple[str, str], ...]:

@@ -679,3 +679,33 @@ def test_floods_of_newcomers_do_not_keep_out_probes_or_a_scraper_on_its_first_ch
         assert answers == [200] * 8, who
     finally:
         running.stop()
+
+
+def test_a_cross_site_request_that_would_change_something_is_refused_before_the_password_check(slow: Slow) -> None:
+    """Issue 51 N5: a POST whose Sec-Fetch-Site or Origin says another site reached the handler (a page in an
+    operator's browser could drive the lifecycle API); it now gets 403 before the gate runs a password check,
+    while GET from anywhere and a POST without those headers or from the server's own origin are served."""
+    asked: list[str] = []
+
+    def quick(request: Request) -> bool | None:
+        asked.append(request.method)
+        return None
+
+    def check(request: Request) -> bool:
+        asked.append(request.method)
+        return True
+
+    gate = Gate(quick=quick, slow=check, refused=lambda _: Response(status=401))
+    running = HttpServer("127.0.0.1", 0, slow, limits=LIMITS, gate=gate)
+    running.start()
+    try:
+        own = "http://{}:{}".format(*running.address)
+        assert get(running, "/", "POST", Origin="http://evil")[0] == 403
+        assert get(running, "/", "DELETE", **{"Sec-Fetch-Site": "cross-site"})[0] == 403
+        assert get(running, "/", "POST", Origin="http://[bad")[0] == 403  # an Origin that does not parse
+        assert asked == []  # no bcrypt for a forged request
+        assert get(running, "/", "GET", Origin="http://evil", **{"Sec-Fetch-Site": "cross-site"})[0] == 200
+        assert get(running, "/", "POST")[0] == 200
+        assert get(running, "/", "POST", Origin=own)[0] == 200
+    finally:
+        running.stop()

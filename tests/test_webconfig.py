@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import bcrypt
@@ -582,3 +582,135 @@ def test_tls_connections_closing_count_against_the_limit_and_go_first(pki: Path,
         for sock in kept:
             sock.close()
         server.stop()
+
+
+def _shaped(cost: int) -> str:
+    """A hash in bcrypt's form with ``cost`` written in: checking anything against it takes 2**cost rounds."""
+    return f"$2b${cost:02d}${hashed()[7:]}"
+
+
+def _within(seconds: float, call: Callable[[], object]) -> object:
+    """What ``call`` returned or raised; fails if it runs longer than ``seconds`` (it is left to run, a daemon)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:  # handed to the test, which asserts on it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("cost", [18, 31])
+def test_a_bcrypt_cost_over_the_bound_is_refused_from_its_cost_field(tmp_path: Path, cost: int) -> None:
+    """Issue 51 N2: a hash of cost 31 was checked at load (days of CPU, no log line); a cost over 17 is now
+    refused from the hash's cost field, before bcrypt runs, naming the user."""
+    config = write_config(tmp_path, f'basic_auth_users: {{ops: "{_shaped(cost)}"}}\n')
+    raised = _within(5, lambda: parse(config))
+    assert isinstance(raised, ConfigError), raised
+    assert f"basic_auth_users.ops: bcrypt cost {cost} is over 17" in str(raised)
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda h: h[:59],
+        lambda h: h[:29],
+        lambda h: h + "x",
+        lambda h: h[:40] + "!" + h[41:],
+        lambda h: h[:40] + " " + h[41:],
+    ],
+    ids=["59-chars", "salt-only", "61-chars", "not-base64", "a-space"],
+)
+def test_a_malformed_bcrypt_hash_is_refused(tmp_path: Path, mangle: Callable[[str], str]) -> None:
+    """Issue 51 N7: bcrypt reads a hash's first 29 characters only, so a truncated or mangled one was taken
+    and the right password then got 401; a hash not of bcrypt's exact 60-character form is now refused."""
+    good = hashed()
+    bad = mangle(good)
+    config = write_config(tmp_path, f'basic_auth_users: {{ops: "{bad}", fine: "{good}"}}\n')
+    with pytest.raises(ConfigError) as raised:
+        parse(config)
+    said = str(raised.value)
+    assert f"basic_auth_users.ops: must be a bcrypt hash of 60 characters (this one has {len(bad)}" in said
+    assert "basic_auth_users.fine" not in said
+
+
+def test_a_reload_with_a_hash_it_cannot_check_keeps_the_running_users(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 51 N2, N7: a reloaded hash of cost 31 hung the reload for days and a truncated one was taken (the
+    right password then got 401); each is refused at once, logged with its key, and the running users stay."""
+    good = hashed()
+    config = write_config(tmp_path, f'basic_auth_users: {{ops: "{good}"}}\n')
+    gate = WebGate(config)
+    for bad in (good[:59], _shaped(31)):
+        caplog.clear()
+        config.write_text(f'basic_auth_users: {{ops: "{bad}"}}\n')
+        with caplog.at_level(logging.ERROR, logger="crossover_monitor.webconfig"):
+            _within(5, gate.refresh)
+        assert "the running configuration stays" in caplog.text
+        assert "basic_auth_users.ops" in caplog.text
+        assert gate.check(basic("ops", PASSWORD))  # bcrypt against the hash in force: still the good one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["cost-31", "truncated"])
+def test_the_service_refuses_to_start_with_a_hash_it_cannot_check(tmp_path: Path, bad: str) -> None:
+    """Issue 51 N2, N7: with a hash of cost 31 the service was not serving after 25 s and said nothing; with a
+    truncated one it started and refused the right password. Either is now a bad web config: exit 78, named."""
+    value = _shaped(31) if bad == "cost-31" else hashed()[:50]
+    web = write_config(tmp_path, f'basic_auth_users: {{ops: "{value}"}}\n')
+    service = RunningService(tmp_path, fake_config(), ("--web.config.file", str(web)))
+    try:
+        status = service.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        status = None
+    finally:
+        service.stop()
+    said = service.log.read_text()
+    assert status == 78, said
+    assert "basic_auth_users.ops: " in said
+    assert "Traceback" not in said
+
+
+@pytest.mark.slow
+def test_the_service_keeps_its_web_config_through_hashes_it_cannot_check_and_takes_the_next_good_one(
+    pki: Path, tmp_path: Path
+) -> None:
+    """Issue 51 N2, N7: at reload a hash of cost 31 hung the reload thread (a later certificate change was
+    ignored, SIGTERM did not stop the service), a truncated one was taken; now each is refused with a log line
+    naming it, the running users stay, a later good change and a new certificate are taken, SIGTERM stops it."""
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki / name, tmp_path / name)
+    tls = "tls_server_config: {cert_file: server.crt, key_file: server.key}\n"
+    good = hashed()
+    web = write_config(tmp_path, f'{tls}basic_auth_users: {{ops: "{good}"}}\n')
+    service = RunningService(tmp_path, fake_config(), ("--web.config.file", str(web)))
+    port = service.port
+
+    def refused_and_kept(bad: str, count: int) -> None:
+        web.write_text(f'{tls}basic_auth_users: {{ops: "{bad}"}}\n')
+        said = "web config: the change was refused"
+        service.wait_for(lambda: service.logs().count(said) >= count, 10, f"refused change {count}")
+        assert https_get(port, "/metrics", pki, authorization=basic("ops", PASSWORD))[0] == 200
+
+    try:
+        service.wait_for(lambda: https_get(port, "/healthz", pki)[0] == 200, 60, "the service to serve")
+        refused_and_kept(_shaped(31), 1)
+        refused_and_kept(good[:59], 2)
+        assert service.logs().count("basic_auth_users.ops: ") >= 2
+        renewed = bcrypt.hashpw(b"renewed", bcrypt.gensalt(rounds=4)).decode()
+        for name in ("crt", "key"):
+            shutil.copy(pki / f"rotated.{name}", tmp_path / f"server.{name}")
+        web.write_text(f'{tls}basic_auth_users: {{ops: "{renewed}"}}\n')
+        service.wait_for(lambda: _served_subject(port, pki) == "rotated", 10, "the renewed certificate")
+        assert https_get(port, "/metrics", pki, authorization=basic("ops", "renewed"))[0] == 200
+    finally:
+        began = time.monotonic()
+        status = service.stop()
+    assert (status, time.monotonic() - began < 10) == (0, True), service.log.read_text()
