@@ -2,8 +2,10 @@
 
 ``to_data`` turns a dataclass (with enums, tuples, nested dataclasses) into plain JSON data;
 ``from_data`` builds the dataclass back from such data, checking every field against its
-annotation and naming the field at fault (``timing.samples_s[3]: expected a number, got 'x'``).
-The worker protocol, ``once --json`` and ``plot --from-json`` all go through it.
+annotation and naming the field at fault (``timing.samples_s[3]: expected a number, got 'x'``),
+and every string it reads as printable text (``text.printable``): JSON's ``"\\ud800"`` decodes to
+a lone surrogate that no UTF-8 encoder takes, its ``"\\u0000"`` to a NUL that no XML holds.
+The worker protocol, the run history, ``once --json`` and ``plot --from-json`` all go through it.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ import json
 import math
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
-from crossover_monitor.text import abridged
+from crossover_monitor.text import abridged, printable
 
 T = TypeVar("T")
+Text = Callable[[str], str]  # what each string read becomes
 
 
 class DecodeError(ValueError):
@@ -53,9 +56,17 @@ def to_data(value: Any) -> Any:
     return value
 
 
-def from_data(cls: type[T], data: Any, path: str = "") -> T:
-    """An instance of the dataclass ``cls`` from ``data``; raises DecodeError naming the field at fault."""
-    return typing.cast("T", _decode(cls, data, path))
+def from_data(cls: type[T], data: Any, path: str = "", *, verbatim: bool = False) -> T:
+    """An instance of the dataclass ``cls`` from ``data``; raises DecodeError naming the field at fault.
+
+    Its strings are made printable text, unless ``verbatim``: for the daemon's plan, which the worker must match
+    as the settings wrote it.
+    """
+    return typing.cast("T", _decode(cls, data, path, _as_written if verbatim else printable))
+
+
+def _as_written(text: str) -> str:
+    return text
 
 
 @functools.cache
@@ -63,7 +74,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR0911, PLR0912 - one case per kind of annotation
+def _decode(annotation: Any, data: Any, path: str, text: Text) -> Any:  # noqa: C901, PLR0911, PLR0912 - one case per kind of annotation
     origin = get_origin(annotation)
     if annotation is Any:
         return data
@@ -74,7 +85,7 @@ def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR091
         errors = []
         for option in (o for o in options if o is not type(None)):
             try:
-                return _decode(option, data, path)
+                return _decode(option, data, path, text)
             except DecodeError as exc:
                 errors.append(exc)
         raise errors[0] if len(errors) == 1 else DecodeError(path, f"unexpected value {abridged(data)}")
@@ -89,15 +100,20 @@ def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR091
         if not isinstance(data, list | tuple):
             raise DecodeError(path, f"expected a list, got {abridged(data)}")
         if len(args) == 2 and args[1] is Ellipsis:  # noqa: PLR2004 - tuple[X, ...]
-            return tuple(_decode(args[0], item, f"{path}[{i}]") for i, item in enumerate(data))
+            return tuple(_decode(args[0], item, f"{path}[{i}]", text) for i, item in enumerate(data))
         if len(args) != len(data):
             raise DecodeError(path, f"expected {len(args)} items, got {len(data)}")
-        return tuple(_decode(arg, item, f"{path}[{i}]") for i, (arg, item) in enumerate(zip(args, data, strict=True)))
+        return tuple(
+            _decode(arg, item, f"{path}[{i}]", text) for i, (arg, item) in enumerate(zip(args, data, strict=True))
+        )
     if origin is dict:
         key_type, value_type = get_args(annotation)
         if not isinstance(data, dict):
             raise DecodeError(path, f"expected an object, got {abridged(data)}")
-        return {_decode(key_type, k, path): _decode(value_type, v, f"{path}.{k}") for k, v in data.items()}
+        return {
+            _decode(key_type, k, path, text): _decode(value_type, v, f"{path}.{printable(str(k))}", text)
+            for k, v in data.items()
+        }
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         try:
             return annotation(data)
@@ -105,11 +121,11 @@ def _decode(annotation: Any, data: Any, path: str) -> Any:  # noqa: C901, PLR091
             choices = ", ".join(repr(m.value) for m in annotation)
             raise DecodeError(path, f"expected one of {choices}, got {abridged(data)}") from None
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        return _decode_dataclass(annotation, data, path)
-    return _decode_scalar(annotation, data, path)
+        return _decode_dataclass(annotation, data, path, text)
+    return _decode_scalar(annotation, data, path, text)
 
 
-def _decode_scalar(annotation: Any, data: Any, path: str) -> Any:
+def _decode_scalar(annotation: Any, data: Any, path: str, text: Text) -> Any:
     if annotation is bool:
         if isinstance(data, bool):
             return data
@@ -127,12 +143,12 @@ def _decode_scalar(annotation: Any, data: Any, path: str) -> Any:
         raise DecodeError(path, f"expected a finite number, got {abridged(data)}")
     if annotation is str:
         if isinstance(data, str):
-            return data
+            return text(data)
         raise DecodeError(path, f"expected a string, got {abridged(data)}")
     raise DecodeError(path, f"cannot decode a {annotation!r}")
 
 
-def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
+def _decode_dataclass(cls: type, data: Any, path: str, text: Text) -> Any:
     if not isinstance(data, dict):
         raise DecodeError(path, f"expected an object, got {abridged(data)}")
     hints = _hints(cls)
@@ -144,7 +160,7 @@ def _decode_dataclass(cls: type, data: Any, path: str) -> Any:
     for name, field in fields.items():
         where = f"{path}.{name}" if path else name
         if name in data:
-            values[name] = _decode(hints[name], data[name], where)
+            values[name] = _decode(hints[name], data[name], where, text)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise DecodeError(where, "missing")
     try:

@@ -47,6 +47,7 @@ from crossover_monitor.model import (
     SweepOutcome,
     SweepResult,
 )
+from crossover_monitor.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -430,10 +431,10 @@ def _run(row: tuple[Any, ...]) -> Run:
         )
     except DecodeError as exc:
         return Run(
-            kind=kind if isinstance(kind, str) else "?",
+            kind=printable(kind) if isinstance(kind, str) else "?",  # what the codec would have made of it
             started_at=None,
             finished_at=None,
-            result=result if isinstance(result, str) else "?",
+            result=printable(result) if isinstance(result, str) else "?",
             reason=f"this row cannot be read ({exc})",
             devices=(),
             crossovers=(),

@@ -39,6 +39,7 @@ from crossover_monitor.model import (
     Timing,
 )
 from crossover_monitor.scrape import ScrapeError, fetch_samples
+from crossover_monitor.text import printable
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -159,7 +160,9 @@ def chart_from_samples(samples: Iterable[tuple[str, dict[str, str], float]], *, 
     states: dict[tuple[str, ...], CrossoverState] = {}
     values: dict[str, dict[tuple[str, ...], float]] = {CROSSOVER: {}, CROSSOVER_LOWER: {}, CROSSOVER_UPPER: {}}
     versions = ""
-    for name, labels, value in samples:
+    for name, raw, value in samples:
+        # As the codec reads a string (the points' keys are read through it): one name for a device throughout.
+        labels = {label: printable(text) for label, text in raw.items()}
         pair = tuple(labels.get(k, "") for k in CROSSOVER_LABELS)
         if name == DURATION:
             point = _point(labels, value)
@@ -237,7 +240,7 @@ def draw(chart: Chart, figure_class: type[Figure] | None = None) -> Figure:
     figure_class = figure_class or _figure_class()
     dtypes = sorted({key.dtype for key, _ in chart.times})
     figure = figure_class(figsize=(8 * len(dtypes), 7), layout="constrained")
-    figure.suptitle(chart.title, fontsize=10)
+    figure.suptitle(_shown(chart.title), fontsize=10)
     colors = _device_colors(chart)
     names = {d.device: d.name for d in chart.devices}
     first: Axes | None = None
@@ -257,12 +260,19 @@ def draw(chart: Chart, figure_class: type[Figure] | None = None) -> Figure:
         axes.yaxis.set_minor_formatter(EngFormatter(unit="s") if high / low < _LABEL_MINOR_BELOW else NullFormatter())
         axes.set_xlabel("matrix size n (n×n operands)")
         axes.set_ylabel("median time of one multiplication")
-        axes.set_title(dtype)
+        axes.set_title(_shown(dtype))
         axes.grid(visible=True, which="major", alpha=0.4)
         axes.grid(visible=True, which="minor", alpha=0.15)
         # Below the chart, so that it never hides a curve or a crossover.
         axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12), ncols=2, frameon=False)
     return figure
+
+
+def _shown(text: str) -> str:
+    """Text to draw as it reads, whatever its source (a scrape, a file name, a URL): printable, since XML 1.0 refuses
+    control characters even escaped and no encoder takes a lone surrogate; each $ escaped, or mathtext would read a
+    name between two of them as a formula (and fail on one it cannot parse)."""
+    return printable(text).replace("$", r"\$")
 
 
 def _device_colors(chart: Chart) -> dict[str, str]:
@@ -294,7 +304,7 @@ def _draw_curves(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, str]
                 linestyle=linestyle,
                 marker=marker,
                 markersize=4,
-                label=f"{device}{name} {mode}",
+                label=_shown(f"{device}{name} {mode}"),
             )
 
 
@@ -308,7 +318,7 @@ def _draw_crossovers(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, 
                 linestyle=linestyle,
                 linewidth=1.2,
                 alpha=0.8,
-                label=f"n* {c.gpu} {c.mode} ≈ {c.size:.0f}",
+                label=_shown(f"n* {c.gpu} {c.mode} ≈ {c.size:.0f}"),
             )
             axes.annotate(
                 f"n*≈{c.size:.0f} ({c.mode})",
@@ -322,4 +332,4 @@ def _draw_crossovers(axes: Axes, chart: Chart, dtype: str, colors: Mapping[str, 
             )
         elif c.state in STATE_SENTENCES and c.state is not CrossoverState.WITHHELD:
             # A legend entry with no line: the state is read where the curves are named.
-            axes.plot([], [], linestyle="none", label=f"{c.pair_label} {c.mode}: {STATE_SENTENCES[c.state]}")
+            axes.plot([], [], linestyle="none", label=_shown(f"{c.pair_label} {c.mode}: {STATE_SENTENCES[c.state]}"))

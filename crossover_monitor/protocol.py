@@ -50,7 +50,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> Plan:
         """The plan in one line; ValueError (DecodeError naming the field) for anything else."""
-        return from_data(cls, parse_json(text))
+        return from_data(cls, parse_json(text), verbatim=True)
 
 
 @dataclass(frozen=True)

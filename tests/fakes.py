@@ -6,6 +6,7 @@ crossover, and the faults (hang, crash, a failing device) are what a real framew
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import random
@@ -157,6 +158,27 @@ class VirtualCurveBackend(CurveBackend):
         return run
 
 
+# What a broken or hostile plugin may put in its strings: a lone surrogate (no UTF-8 encoder takes it), a NUL, a
+# terminal escape, DEL, a C1 control, a newline, a non-character, and what XML and matplotlib's mathtext read specially.
+HOSTILE_TEXT = "\ud800 \x00\x1b[2J\x7f\x85\n\ufffe <&]]>-- $x^$"
+
+
+class HostileNamesBackend(CurveBackend):
+    """The known curves, with HOSTILE_TEXT in the GPU's name, device and details and in the framework version."""
+
+    def environment(self) -> Mapping[str, str]:
+        return {**super().environment(), "framework_version": f"1.0{HOSTILE_TEXT}"}
+
+    def discover(self) -> Sequence[DeviceInfo]:
+        gpu = dataclasses.replace(
+            GPU,
+            device=f"/GPU:0{HOSTILE_TEXT}",
+            name=f"Fake GPU{HOSTILE_TEXT}",
+            details=(("compute_capability", f"9.0{HOSTILE_TEXT}"),),
+        )
+        return [CPU, gpu]
+
+
 def tie_cpu_seconds(size: int) -> float:
     """A CPU behind a framework's 40 µs dispatch cost, at 100 GFLOP/s."""
     return 40e-6 + 2 * size**3 / 1e11
@@ -220,3 +242,4 @@ late_failing_gpu = LateFailingGpuBackend
 buggy = BuggyBackend
 cpu_only = CpuOnlyBackend
 slow = SlowBackend
+hostile_names = HostileNamesBackend
