@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from crossover_monitor import __version__
-from crossover_monitor.config import load_settings, with_listen
+from crossover_monitor.config import load_settings, memory_warnings, with_listen
 from crossover_monitor.convert import DAY_S, parse_duration
 from crossover_monitor.errors import (
     EXIT_CONFIG,
@@ -27,6 +27,7 @@ from crossover_monitor.errors import (
     StartupError,
 )
 from crossover_monitor.logs import configure
+from crossover_monitor.memory import memory_limit
 from crossover_monitor.model import SweepResult
 from crossover_monitor.nodecheck import DEFAULT_MAX_AGE_S, Check
 from crossover_monitor.protocol import Plan
@@ -180,6 +181,9 @@ def _settings(args: argparse.Namespace, *, reloading: bool = False) -> Settings:
     settings = load_settings(getattr(args, "config", None), empty_ok=not reloading)
     if getattr(args, "listen", None) is not None:  # an empty --listen is an error, not the default
         settings = with_listen(settings, args.listen)
+    # Said at every load (start, reload, check-config, once): the host, not the file, may be what is too small.
+    for problem in memory_warnings(settings, memory_limit()):
+        log.warning("configuration warning", extra={"source": settings.source, "problem": str(problem)})
     return settings
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from crossover_monitor.convert import Bad, listen_address
 from crossover_monitor.errors import ConfigError, Problem
+from crossover_monitor.memory import MemoryLimit, matrices_bytes, refusal, size_text
 from crossover_monitor.settings import ScheduleSettings, Section, ServerSettings, Settings, sections, yaml_key
 from crossover_monitor.text import abridged, show
 from crossover_monitor.yamlfile import YamlFileError, read_document
@@ -190,6 +191,29 @@ def load_settings(path: str | Path | None, *, empty_ok: bool = True) -> Settings
             " defaults, write {} in it"
         )
     return settings_from_mapping(data, source)
+
+
+def memory_warnings(settings: Settings, limit: MemoryLimit | None) -> list[Problem]:
+    """The sizes whose matrices cannot fit ``limit``, what the worker may use on this host: warnings, not errors
+    (the file may be meant for a bigger host). The worker refuses those points when it plans the sweep and
+    times the rest."""
+    bench = settings.benchmark
+    found = []
+    for index, size in enumerate(bench.sizes):
+        for dtype in bench.dtypes:
+            refused = [
+                f"{mode} on the {kind.upper()} needs at least {size_text(matrices_bytes(size, dtype, mode, kind))}"
+                for kind in ("cpu", "gpu")
+                for mode in bench.modes
+                if refusal(size, dtype, mode, kind, limit) is not None
+            ]
+            if refused:
+                message = (
+                    f"n={size} {dtype}: its matrices cannot fit the memory the worker may use, {limit}: "
+                    f"{', '.join(refused)}; the worker will refuse those points and time the rest"
+                )
+                found.append(Problem(f"benchmark.sizes[{index}]", message))
+    return found
 
 
 def with_listen(settings: Settings, listen: str) -> Settings:

@@ -22,6 +22,7 @@ from typing import IO, Protocol
 
 from crossover_monitor.costs import cost_models
 from crossover_monitor.crossover import crossovers
+from crossover_monitor.memory import MemoryLimit, memory_limit, oom_kills
 from crossover_monitor.model import (
     Crossover,
     CrossoverState,
@@ -29,6 +30,7 @@ from crossover_monitor.model import (
     DeviceInfo,
     HardwareContext,
     Measurement,
+    PointKey,
     Snapshot,
     SweepOutcome,
     SweepResult,
@@ -37,7 +39,7 @@ from crossover_monitor.model import (
     failed_devices,
     gpu_cpu_pairs,
 )
-from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, decode
+from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode
 
 log = logging.getLogger(__name__)
 
@@ -197,10 +199,18 @@ class _Collected:
     withheld: list[Withheld] = field(default_factory=list)
     hardware: list[HardwareContext] = field(default_factory=list)
     watch: Callable[[Message], None] | None = None  # sees every message as it comes (progress on a terminal)
+    # The point the worker said it started and has not yet answered for, and the last it started: what a worker
+    # that dies was doing.
+    in_flight: PointKey | None = None
+    last_started: PointKey | None = None
 
     def add(self, message: Message) -> None:
         if self.watch is not None:
             self.watch(message)
+        if isinstance(message, Started):
+            self.in_flight = self.last_started = message.key
+        elif isinstance(message, Measurement | DeviceFailure | Withheld):
+            self.in_flight = None
         if isinstance(message, Environment):
             self.environment.update(message.values)
         elif isinstance(message, DeviceInfo):
@@ -224,6 +234,58 @@ class _Collected:
             self.hardware.append(message)
 
 
+@dataclass(frozen=True)
+class MemoryWatch:
+    """The memory cgroup's OOM kill count as the worker started (``read`` again once it died) and what it may use:
+    an OOM kill and any other SIGKILL look the same in an exit status."""
+
+    read: Callable[[], int | None] = oom_kills
+    limit: Callable[[], MemoryLimit | None] = memory_limit
+
+    def start(self) -> Callable[[], bool | None]:
+        """Whether the OOM killer killed a process of the cgroup since now; None where the cgroup cannot say."""
+        before = self.read()
+
+        def killed() -> bool | None:
+            after = self.read()
+            return None if before is None or after is None else after > before
+
+        return killed
+
+
+def _exit_reason(status: int | None, collected: _Collected, oom_killed: bool | None, limit: MemoryLimit | None) -> str:
+    """Why the worker's stream ended before it was done: how it died, at which point (size named), and whether that
+    was the kernel's OOM killer (the memory cgroup's count went up while it ran)."""
+    point = collected.in_flight
+    if point is not None:
+        where = f"while timing n={point.size} ({point.described} on {point.device})"
+    elif collected.last_started is not None:
+        last = collected.last_started
+        where = f"between points (the last it timed: n={last.size}, {last.described} on {last.device})"
+    else:
+        where = "before its first point (while loading the framework or finding devices)"
+    may_use = f"; it may use {limit}" if limit is not None else ""
+    if status is None or status >= 0:
+        return f"the worker exited (status {status}) {where}, before finishing"
+    try:
+        name = signal.Signals(-status).name
+    except ValueError:
+        name = f"signal {-status}"
+    if status != -signal.SIGKILL:
+        return f"the worker was killed by {name} (status {status}) {where}"
+    if oom_killed:
+        return (
+            f"out of memory: the kernel's OOM killer killed the worker (SIGKILL, status {status}) {where}"
+            f"{may_use}; leave that size out, or give the service more memory"
+        )
+    if oom_killed is None:
+        return (
+            f"the worker was killed by SIGKILL (status {status}) {where}, not by this service: the kernel's OOM "
+            f"killer does that when memory runs out (the memory cgroup gives no OOM count to tell){may_use}"
+        )
+    return f"the worker was killed by SIGKILL (status {status}) {where}, not by this service nor the OOM killer"
+
+
 def _collect(
     worker: Worker,
     collected: _Collected,
@@ -232,6 +294,8 @@ def _collect(
     timeout_s: float,
     cancel: threading.Event,
     monotonic: Callable[[], float],
+    oom_killed: Callable[[], bool | None],
+    limit: Callable[[], MemoryLimit | None],
 ) -> tuple[SweepResult, str] | None:
     """Read messages until the worker is done (None) or the sweep must end (its result and reason)."""
     while True:
@@ -245,7 +309,7 @@ def _collect(
             continue
         if isinstance(message, EndOfStream):
             status = worker.exit_status(KILL_GRACE_S)
-            return SweepResult.FAILED, f"the worker exited (status {status}) before finishing"
+            return SweepResult.FAILED, _exit_reason(status, collected, oom_killed(), limit())
         if isinstance(message, Fatal):
             return SweepResult.FAILED, message.reason
         if isinstance(message, Done):
@@ -284,16 +348,28 @@ def run_sweep(
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
     on_message: Callable[[Message], None] | None = None,
+    memory: MemoryWatch | None = None,
 ) -> SweepOutcome:
-    """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults."""
+    """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults.
+
+    ``memory``: the cgroup the worker shares with this process (the default reads it), to tell an OOM kill."""
     started = clock()
     collected = _Collected(watch=on_message)
     if cancel.is_set():  # the service began stopping before this sweep could start its worker
         return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=clock(), reason="cancelled")
+    memory = memory or MemoryWatch()
+    oom_killed = memory.start()
     worker = launch(plan)
     try:
         stopped = _collect(
-            worker, collected, deadline=monotonic() + timeout_s, timeout_s=timeout_s, cancel=cancel, monotonic=monotonic
+            worker,
+            collected,
+            deadline=monotonic() + timeout_s,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            monotonic=monotonic,
+            oom_killed=oom_killed,
+            limit=memory.limit,
         )
     except BaseException:  # e.g. Ctrl-C in `once`: the worker is in its own session and would live on
         worker.stop()

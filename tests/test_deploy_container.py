@@ -22,6 +22,7 @@ from crossover_monitor.cli import _parser
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO, free_port, tool
 from tests.locks import dockerfile_lock, lock_path
+from tests.memorylimits import HEADROOM, mib, recorded_peak_mib
 from tests.promql import SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "container"
@@ -415,3 +416,11 @@ def test_the_user_and_its_group_have_the_ids_user_names(dockerfile: Path) -> Non
     runs = " ".join(rest for word, rest in final if word == "RUN")
     assert re.search(rf"groupadd\b[^&;]*--gid {gid}\b", runs), runs
     assert re.search(rf"useradd\b[^&;]*--uid {uid}\b[^&;]*--gid {gid}\b", runs), runs
+
+
+@pytest.mark.parametrize("name", MONITOR_SERVICES)
+def test_compose_caps_the_monitors_memory_above_the_measured_peak_without_swap(name: str) -> None:
+    """Issue 51 N10: each variant's mem_limit holds the default sweep's measured peak with room; swap is off."""
+    service = compose()["services"][name]
+    assert mib(service["mem_limit"]) >= HEADROOM * recorded_peak_mib()
+    assert mib(service["memswap_limit"]) == mib(service["mem_limit"])  # the same figure: no swap on top

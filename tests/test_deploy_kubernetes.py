@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -397,3 +398,68 @@ def test_the_pod_names_component_mounts_only_the_kubelets_socket_read_only() -> 
             assert rendered["spec"]["template"]["spec"]["securityContext"] == spec["securityContext"]
         finally:
             shutil.rmtree(overlay)
+
+
+# Who the NetworkPolicy lets reach the pods by default: kube-prometheus's Prometheus pods, in its namespace.
+PROMETHEUS_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def policy_openings(policy: dict[str, Any], pod: dict[str, Any]) -> list[str]:
+    """How ``policy`` lets anything but the Prometheus peer reach the pods, or misses them; [] when it does not."""
+    spec = policy["spec"]
+    found = []
+    selected = spec["podSelector"].get("matchLabels", {})
+    if not selected or not selected.items() <= pod["metadata"]["labels"].items():
+        found.append(f"podSelector {spec['podSelector']} is not the DaemonSet's pods alone")
+    if "Ingress" not in spec.get("policyTypes", []):
+        found.append("policyTypes has no Ingress: ingress is not restricted")
+    if pod["spec"].get("hostNetwork"):
+        found.append("the pods use the host network, which no NetworkPolicy restricts")
+    (container,) = pod["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for index, rule in enumerate(spec.get("ingress", [])):
+        peers = rule.get("from")
+        if peers != [PROMETHEUS_PEER]:
+            found.append(f"ingress[{index}] lets in {peers or 'every source'}, not Prometheus alone")
+        ports = [(named.get(p.get("port"), p.get("port")), p.get("protocol", "TCP")) for p in rule.get("ports") or []]
+        if ports != [(DEFAULT_PORT, "TCP")]:
+            found.append(f"ingress[{index}] opens {ports or 'every port'}, not {DEFAULT_PORT}/TCP alone")
+    return found
+
+
+def test_networkpolicy_lets_only_prometheus_reach_the_metrics_port(pod: dict[str, Any]) -> None:
+    """Issue 51 deploy: the pods (off the host network) take connections on 9437 from Prometheus pods alone."""
+    policy = load(HERE / "networkpolicy.yaml")
+    assert (policy["apiVersion"], policy["kind"]) == ("networking.k8s.io/v1", "NetworkPolicy")
+    assert policy_openings(policy, pod) == []
+    assert len(policy["spec"]["ingress"]) == 1  # one rule: Prometheus, the metrics port
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda spec: spec["ingress"].append({}), "every source"),
+        (lambda spec: spec["ingress"][0]["from"][0].pop("podSelector"), "not Prometheus alone"),
+        (lambda spec: spec["ingress"][0].pop("ports"), "every port"),
+        (lambda spec: spec.update(podSelector={}), "not the DaemonSet's pods alone"),
+        (lambda spec: spec.update(policyTypes=["Egress"]), "no Ingress"),
+    ],
+)
+def test_networkpolicy_check_catches_a_policy_open_to_more(
+    change: Callable[[dict[str, Any]], object], said: str, pod: dict[str, Any]
+) -> None:
+    """Issue 51 deploy: the same check names a rule open to any pod, any port, or a policy that misses the pods."""
+    policy = load(HERE / "networkpolicy.yaml")
+    change(policy["spec"])
+    assert any(said in opening for opening in policy_openings(policy, pod)), policy_openings(policy, pod)
+
+
+def test_networkpolicy_check_catches_pods_on_the_host_network(pod: dict[str, Any]) -> None:
+    """Issue 51 deploy: a DaemonSet moved to the host network would leave the policy without effect: named."""
+    on_host = {**pod, "spec": {**pod["spec"], "hostNetwork": True}}
+    assert policy_openings(load(HERE / "networkpolicy.yaml"), on_host) == [
+        "the pods use the host network, which no NetworkPolicy restricts"
+    ]

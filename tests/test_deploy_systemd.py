@@ -15,6 +15,7 @@ from crossover_monitor.cli import _parser
 from crossover_monitor.coordinator import STOP_WAIT_S
 from crossover_monitor.errors import EXIT_CONFIG
 from tests.conftest import REPO
+from tests.memorylimits import HEADROOM, mib, recorded_peak_mib
 
 UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
 INSTALLED_BINARY = "/opt/crossover-monitor/.venv/bin/crossover-monitor"
@@ -191,3 +192,25 @@ def test_reload_sends_sighup_to_the_service(unit: dict[str, list[str]]) -> None:
     """`systemctl reload` rereads the configuration: SIGHUP to the main process."""
     (reload,) = unit["Service.ExecReload"]
     assert shlex.split(reload) == ["/bin/kill", "-HUP", "$MAINPID"]
+
+
+def test_unit_caps_memory_above_the_measured_peak_without_swap(unit: dict[str, list[str]]) -> None:
+    """Issue 51 N10: MemoryMax= holds the default sweep's measured peak with room, and no swap slows a timing."""
+    assert mib(unit["Service.MemoryMax"][-1]) >= HEADROOM * recorded_peak_mib()
+    assert unit["Service.MemorySwapMax"] == ["0"]
+
+
+def test_unit_compose_and_daemonset_limit_memory_alike(unit: dict[str, list[str]]) -> None:
+    """Issue 51 N10: one figure, matched to one measurement, caps the service on every path."""
+    import yaml  # noqa: PLC0415
+
+    services = yaml.safe_load((REPO / "deploy" / "container" / "compose.yaml").read_text(encoding="utf-8"))["services"]
+    daemonset = yaml.safe_load((REPO / "deploy" / "kubernetes" / "daemonset.yaml").read_text(encoding="utf-8"))
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    limits = {
+        "unit MemoryMax=": mib(unit["Service.MemoryMax"][-1]),
+        "compose cpu mem_limit": mib(services["crossover-monitor"]["mem_limit"]),
+        "compose gpu mem_limit": mib(services["crossover-monitor-gpu"]["mem_limit"]),
+        "DaemonSet limits.memory": mib(container["resources"]["limits"]["memory"]),
+    }
+    assert len(set(limits.values())) == 1, limits

@@ -18,6 +18,7 @@ from crossover_monitor.bench.hostinfo import affinity_text
 from crossover_monitor.bench.timing import Clock, measure, with_visit
 from crossover_monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
 from crossover_monitor.errors import BackendError, MeasurementFailed
+from crossover_monitor.memory import MemoryLimit, refusal
 from crossover_monitor.model import (
     CPU_AFFINITY,
     DRIVER_VERSION,
@@ -115,6 +116,8 @@ class _Session:
     # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
     # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
     set_aside: dict[PointKey, Timing] = field(default_factory=dict)
+    # Points whose matrices cannot fit the memory the worker may use: refused as the sweep is planned, never tried.
+    refused: set[PointKey] = field(default_factory=set)
 
     def key(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> PointKey:
         return PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
@@ -124,7 +127,7 @@ class _Session:
         where = self.key(device, size, dtype, mode)
         cached = self.timings.get(where)
         gone = device.device in self.failed | self.withheld or self.retry_is_over()
-        if cached is not None or where in self.set_aside or gone:
+        if cached is not None or where in self.set_aside or where in self.refused or gone:
             return cached.median_s if cached is not None else None
         timing = self._attempt(device, size, dtype, mode, role=role, settings=self.plan.bench.timing, calls=None)
         if timing is None:
@@ -367,11 +370,20 @@ def _host_share_at(device: DeviceInfo, size: int, mode: Mode, fixed: Timing | No
     return lambda seconds: host_share_at(device.kind, mode, size, fixed_s, seconds)
 
 
-def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guard | None = None) -> None:
+def run_plan(
+    plan: Plan,
+    backend: Backend,
+    emit: Emit,
+    clock: Clock,
+    guard: Guard | None = None,
+    *,
+    memory: MemoryLimit | None = None,
+) -> None:
     """Time every (dtype, mode, size, device) of the plan; a failed or withheld device is left out from then on.
 
     Sizes are the outer loop over devices so that the CPU and GPU timings of one size are taken
-    close together in time, and drift on the host affects both alike.
+    close together in time, and drift on the host affects both alike. A point whose matrices cannot fit
+    ``memory`` (what the worker may use) fails at once with that reason: the OOM killer would end the whole sweep.
     """
     guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
     environment = _environment(backend, guard)
@@ -386,6 +398,7 @@ def run_plan(plan: Plan, backend: Backend, emit: Emit, clock: Clock, guard: Guar
     found_gpus = sum(1 for d in devices if d.kind == "gpu")
     _report_missing_gpus(plan, backend.name, found_gpus, environment.get(GPU_PROBLEM), emit)
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
+    session.refused = _refuse_what_cannot_fit(session, memory)
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
     refine_left = plan.bench.refine.budget_s  # the budget is the refinement's own time, over all dtypes and modes
@@ -428,6 +441,22 @@ def _report_missing_gpus(plan: Plan, backend: str, found_gpus: int, problem: str
             or "is the driver loaded and the device visible to this process (CUDA_VISIBLE_DEVICES, container runtime)?"
         )
         emit(DeviceFailure(backend=backend, device=f"expected-gpu-{index}", reason=reason))
+
+
+def _refuse_what_cannot_fit(session: _Session, memory: MemoryLimit | None) -> set[PointKey]:
+    """The configured points whose matrices alone exceed ``memory``, each failed with its reason (size and limit)."""
+    refused = set()
+    bench = session.plan.bench
+    for dtype in bench.dtypes:
+        for mode in bench.modes:
+            for size in bench.sizes:
+                for device in session.devices:
+                    reason = refusal(size, dtype, mode, device.kind, memory)
+                    if reason is not None:
+                        key = session.key(device, size, dtype, mode)
+                        refused.add(key)
+                        session.emit(DeviceFailure(backend=key.backend, device=key.device, reason=reason, point=key))
+    return refused
 
 
 def _any_gpu_free(session: _Session, devices: list[DeviceInfo]) -> bool:

@@ -21,6 +21,7 @@ from crossover_monitor.bench.podresources import PodResourcesClient, holders
 from crossover_monitor.bench.registry import load_backend
 from crossover_monitor.bench.runner import run_plan
 from crossover_monitor.errors import MonitorError
+from crossover_monitor.memory import memory_limit
 from crossover_monitor.model import WORKER_CPU_SECONDS, WORKER_PEAK_RSS_BYTES
 from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, encode
 
@@ -83,7 +84,7 @@ def main() -> int:
     try:
         backend = load_backend(plan.bench.backend, options)
         guard = build_guard(plan)
-        run_plan(plan, backend, emit, time.perf_counter, guard)
+        run_plan(plan, backend, emit, time.perf_counter, guard, memory=memory_limit())
     except MonitorError as exc:
         emit(Fatal(str(exc)))
         return 1
