@@ -33,6 +33,7 @@ from crossover_monitor.model import (
     DRIVER_VERSION,
     CrossoverState,
     DeviceState,
+    Measurement,
     ServiceState,
     Snapshot,
     SweepResult,
@@ -64,16 +65,22 @@ ENVIRONMENT_LABELS = (
 BUILD_LABELS = ("version", "python_version", "backend", "framework_version")
 
 Kind = Literal["gauge", "counter", "info"]
+# What a scrape asks for (`/metrics?profile=...`): `node`, every series (the default: one machine's whole curve);
+# `fleet`, what a fleet's central store needs for its alerts and dashboards (docs/fleet.md says why these).
+Profile = Literal["node", "fleet"]
+PROFILES: tuple[Profile, ...] = ("node", "fleet")
 
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """One metric of the contract: its name, type, help text and label names, declared once."""
+    """One metric of the contract: its name, type, help text and label names, declared once, and whether the
+    fleet profile serves it."""
 
     name: str  # as exposed, but without a counter's _total
     kind: Kind
     help: str
     labels: tuple[str, ...]
+    fleet: bool = False
 
     @property
     def exposed_name(self) -> str:
@@ -84,8 +91,10 @@ class MetricSpec:
 METRICS: dict[str, MetricSpec] = {}
 
 
-def _metric(name: str, help_text: str, labels: tuple[str, ...] = (), kind: Kind = "gauge") -> str:
-    METRICS[name] = MetricSpec(name, kind, help_text, labels)
+def _metric(
+    name: str, help_text: str, labels: tuple[str, ...] = (), kind: Kind = "gauge", *, fleet: bool = False
+) -> str:
+    METRICS[name] = MetricSpec(name, kind, help_text, labels, fleet)
     return name
 
 
@@ -97,22 +106,41 @@ DURATION_NOISY = _metric(
     "matmul_duration_noisy", "1 if the spread stayed above the target (a noisy point)", POINT_LABELS
 )
 FLOPS = _metric("matmul_flops_per_second", "Achieved rate, 2·n³ / median", POINT_LABELS)
-CROSSOVER = _metric("matmul_crossover_size", "Matrix size n* from which the GPU beats the CPU", CROSSOVER_LABELS)
+# The GPU throughput alert's input, served apart so that a fleet keeps it without the curve (relabeling keeps series
+# by label, never by which size is the largest). Its `size` label starts a new series when the sizes change.
+LARGEST_FLOPS = _metric(
+    "matmul_largest_size_flops_per_second",
+    "A GPU's achieved rate at the largest size served for it in the latest sweep, 2·n³ / median",
+    POINT_LABELS,
+    fleet=True,
+)
+CROSSOVER = _metric(
+    "matmul_crossover_size", "Matrix size n* from which the GPU beats the CPU", CROSSOVER_LABELS, fleet=True
+)
 CROSSOVER_LOWER = _metric("matmul_crossover_lower_size", "Lower bound of the bracket around n*", CROSSOVER_LABELS)
 CROSSOVER_UPPER = _metric("matmul_crossover_upper_size", "Upper bound of the bracket around n*", CROSSOVER_LABELS)
-CROSSOVER_STATE = _metric("matmul_crossover_state", "1 for the current crossover state", (*CROSSOVER_LABELS, "state"))
+# The node profile serves each state (1 for the current one, 0 for the others, as an OpenMetrics state set); the
+# fleet profile only the current one: one series a pair instead of six.
+CROSSOVER_STATE = _metric(
+    "matmul_crossover_state", "1 for the current crossover state", (*CROSSOVER_LABELS, "state"), fleet=True
+)
 CROSSOVER_CI_LOWER = _metric(
     "matmul_crossover_ci_lower_size",
     "Lower end of the 95% interval for the next sweep's n*, from resampling the visits of the sizes around it",
     CROSSOVER_LABELS,
+    fleet=True,
 )
 CROSSOVER_CI_UPPER = _metric(
     "matmul_crossover_ci_upper_size",
     "Upper end of the 95% interval for the next sweep's n*, from resampling the visits of the sizes around it",
     CROSSOVER_LABELS,
+    fleet=True,
 )
 CROSSOVER_DERIVED_AT = _metric(
-    "matmul_crossover_timestamp_seconds", "When the sweep the served crossover comes from ended", CROSSOVER_LABELS
+    "matmul_crossover_timestamp_seconds",
+    "When the sweep the served crossover comes from ended",
+    CROSSOVER_LABELS,
+    fleet=True,
 )
 FIXED_COST = _metric(
     "matmul_fixed_cost_seconds", "Time of a 1x1 multiplication: dispatch, launch, sync (and copies)", COST_LABELS
@@ -124,61 +152,86 @@ DEVICE_UP = _metric(
     "matmul_device_up",
     "1 if the device was measured, or withheld as busy, in the latest sweep; 0 if it failed",
     DEVICE_LABELS,
+    fleet=True,
 )
 DEVICE_INFO = _metric(
-    "matmul_device_info", "Devices the backend found", (*DEVICE_LABELS, "kind", "name", *DEVICE_DETAIL_LABELS), "info"
+    "matmul_device_info",
+    "Devices the backend found",
+    (*DEVICE_LABELS, "kind", "name", *DEVICE_DETAIL_LABELS),
+    "info",
+    fleet=True,
 )
 BENCHMARK_INFO = _metric(
-    "matmul_benchmark_info", "Settings and versions that change the answer", ("backend", *ENVIRONMENT_LABELS), "info"
+    "matmul_benchmark_info",
+    "Settings and versions that change the answer",
+    ("backend", *ENVIRONMENT_LABELS),
+    "info",
+    fleet=True,
 )
 LAST_SUCCESS = _metric(
     "matmul_sweep_last_success_timestamp_seconds",
     "When the latest sweep that measured something (success, partial) ended",
+    fleet=True,
 )
-SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took")
+SWEEP_DURATION = _metric("matmul_sweep_duration_seconds", "How long the latest sweep took", fleet=True)
 WORKER_CPU = _metric(
-    "matmul_sweep_worker_cpu_seconds", "CPU time the worker of the latest completed sweep used, all its threads"
+    "matmul_sweep_worker_cpu_seconds",
+    "CPU time the worker of the latest completed sweep used, all its threads",
+    fleet=True,
 )
 WORKER_MEMORY = _metric(
-    "matmul_sweep_worker_peak_memory_bytes", "Peak resident memory of the worker of the latest completed sweep"
+    "matmul_sweep_worker_peak_memory_bytes",
+    "Peak resident memory of the worker of the latest completed sweep",
+    fleet=True,
 )
 USUAL_OTHER_LOAD = _metric(
     "matmul_host_usual_other_load_cores",
     "Other processes' usual load on the host (steal included), in cores: what nine of ten recent sweeps reached",
+    fleet=True,
 )
-SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter")
-NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due")
+SWEEPS = _metric("matmul_sweeps", "Sweeps by how they ended", ("result",), "counter", fleet=True)
+NEXT_SWEEP = _metric("matmul_sweep_next_timestamp_seconds", "When the next sweep is due", fleet=True)
 CONFIG_LOADED = _metric(
-    "matmul_config_last_reload_successful", "1 if the latest configuration (re)load took, 0 if it was refused"
+    "matmul_config_last_reload_successful",
+    "1 if the latest configuration (re)load took, 0 if it was refused",
+    fleet=True,
 )
 CONFIG_LOADED_AT = _metric(
-    "matmul_config_last_reload_success_timestamp_seconds", "When the configuration last loaded (start-up or reload)"
+    "matmul_config_last_reload_success_timestamp_seconds",
+    "When the configuration last loaded (start-up or reload)",
+    fleet=True,
 )
 BUILD_INFO = _metric(
-    "matmul_monitor_build_info", "crossover-monitor build and framework versions", BUILD_LABELS, "info"
+    "matmul_monitor_build_info", "crossover-monitor build and framework versions", BUILD_LABELS, "info", fleet=True
 )
 # The interference guard and what the hardware looked like while it was timed.
 DEVICE_WITHHELD = _metric(
     "matmul_device_withheld",
     "1 if the device's timings of the latest sweep were withheld: other work was (or may have been) on it",
     (*DEVICE_LABELS, "reason"),
+    fleet=True,
 )
 POINTS_WITHHELD = _metric(
     "matmul_points_withheld",
     "How many points of the device's latest sweep were withheld alone (the host ran slower while they were "
     "timed, or they ran past their own idle range while others used the host); its other points are published",
     (*DEVICE_LABELS, "dtype", "mode", "reason"),
+    fleet=True,
 )
 DEVICE_MEASURED_AT = _metric(
     "matmul_device_measured_timestamp_seconds",
     "When the device's served timings were measured (older while it is withheld)",
     DEVICE_LABELS,
+    fleet=True,
 )
-RETRIES = _metric("matmul_busy_retries", "Retries of GPUs withheld as busy, by how they ended", ("result",), "counter")
+RETRIES = _metric(
+    "matmul_busy_retries", "Retries of GPUs withheld as busy, by how they ended", ("result",), "counter", fleet=True
+)
 GPU_CLOCK_EVENT = _metric(
     "matmul_gpu_clock_event",
     "1 for each clock-event (throttle) reason seen while the GPU was timed",
     (*DEVICE_LABELS, "reason"),
+    fleet=True,
 )
 
 # What the hardware looked like while a device was timed (HardwareContext), one gauge per field.
@@ -186,38 +239,53 @@ GPU_SM_CLOCK_MIN = _metric(
     "matmul_gpu_sm_clock_min_hertz",
     "Lowest SM clock seen after the GPU's points in the sweep its timings come from",
     DEVICE_LABELS,
+    fleet=True,
 )
-GPU_SM_CLOCK_MAX = _metric("matmul_gpu_sm_clock_max_hertz", "The GPU's maximum SM clock", DEVICE_LABELS)
+GPU_SM_CLOCK_MAX = _metric("matmul_gpu_sm_clock_max_hertz", "The GPU's maximum SM clock", DEVICE_LABELS, fleet=True)
 GPU_TEMPERATURE_MAX = _metric(
-    "matmul_gpu_temperature_max_celsius", "Highest GPU temperature seen while it was timed", DEVICE_LABELS
+    "matmul_gpu_temperature_max_celsius", "Highest GPU temperature seen while it was timed", DEVICE_LABELS, fleet=True
 )
-GPU_POWER_MAX = _metric("matmul_gpu_power_max_watts", "Highest GPU power draw seen while it was timed", DEVICE_LABELS)
+GPU_POWER_MAX = _metric(
+    "matmul_gpu_power_max_watts", "Highest GPU power draw seen while it was timed", DEVICE_LABELS, fleet=True
+)
 GPU_PCIE_GENERATION = _metric(
-    "matmul_gpu_pcie_link_generation", "Lowest PCIe link generation seen while the GPU was timed", DEVICE_LABELS
+    "matmul_gpu_pcie_link_generation",
+    "Lowest PCIe link generation seen while the GPU was timed",
+    DEVICE_LABELS,
+    fleet=True,
 )
 GPU_PCIE_GENERATION_MAX = _metric(
-    "matmul_gpu_pcie_link_generation_max", "The PCIe link generation the GPU and its slot can reach", DEVICE_LABELS
+    "matmul_gpu_pcie_link_generation_max",
+    "The PCIe link generation the GPU and its slot can reach",
+    DEVICE_LABELS,
+    fleet=True,
 )
 GPU_PCIE_WIDTH = _metric(
-    "matmul_gpu_pcie_link_width", "Narrowest PCIe link width (lanes) seen while the GPU was timed", DEVICE_LABELS
+    "matmul_gpu_pcie_link_width",
+    "Narrowest PCIe link width (lanes) seen while the GPU was timed",
+    DEVICE_LABELS,
+    fleet=True,
 )
 GPU_PCIE_WIDTH_MAX = _metric(
-    "matmul_gpu_pcie_link_width_max", "The PCIe link width the GPU and its slot can reach", DEVICE_LABELS
+    "matmul_gpu_pcie_link_width_max", "The PCIe link width the GPU and its slot can reach", DEVICE_LABELS, fleet=True
 )
 GPU_POWER_LIMITED = _metric(
     "matmul_gpu_power_limited_ratio",
     "Share of the time the GPU's points ran during which NVML counted it held below its clocks by its power limit",
     DEVICE_LABELS,
+    fleet=True,
 )
 GPU_THERMAL_LIMITED = _metric(
     "matmul_gpu_thermal_limited_ratio",
     "Share of the time the GPU's points ran during which NVML counted it held below its clocks by its thermal limit",
     DEVICE_LABELS,
+    fleet=True,
 )
 GPU_HOST_WAIT = _metric(
     "matmul_gpu_host_wait_ratio",
     "Most the thread timing the GPU's points waited for a CPU (every core taken), as a share of a point",
     DEVICE_LABELS,
+    fleet=True,
 )
 GPU_WORKER_MEMORY = _metric(
     "matmul_gpu_worker_memory_bytes",
@@ -231,16 +299,19 @@ CPU_OTHER_LOAD = _metric(
     "matmul_cpu_other_load_cores",
     "Other processes' load on the worker's cores while the CPU was timed, in cores",
     DEVICE_LABELS,
+    fleet=True,
 )
 CPU_THROTTLED = _metric(
     "matmul_cpu_throttled_seconds",
     "Time the container's CPU quota throttled the worker while the CPU was timed",
     DEVICE_LABELS,
+    fleet=True,
 )
 CPU_STEAL = _metric(
     "matmul_cpu_steal_cores",
     "Of the other load, the hypervisor's steal on the worker's vCPUs while the CPU was timed, in cores",
     DEVICE_LABELS,
+    fleet=True,
 )
 CPU_BLOCKS_SET_ASIDE = _metric(
     "matmul_cpu_blocks_set_aside_ratio",
@@ -278,9 +349,12 @@ SECTION_SUCCESS = _metric(
     "matmul_scrape_section_success",
     "1 if this section of /metrics rendered, 0 if it failed (the log says why; the other sections are served)",
     ("section",),
+    fleet=True,
 )
 
 EXPOSED_NAMES = frozenset(spec.exposed_name for spec in METRICS.values())
+# The families the fleet profile serves, by the name a family carries (an info family's without _info).
+_FLEET_FAMILIES = frozenset(spec.name.removesuffix("_info") for spec in METRICS.values() if spec.fleet)
 
 
 def _spec(name: str, kind: Kind) -> MetricSpec:
@@ -317,11 +391,12 @@ def _label_values(name: str, source: object = None, /, **given: str) -> list[str
 
 
 class StateCollector(Collector):
-    """Renders the ServiceState returned by ``read_state`` at scrape time."""
+    """Renders the ServiceState returned by ``read_state`` at scrape time, every series or the fleet profile's."""
 
-    def __init__(self, read_state: Callable[[], ServiceState], *, backend: str) -> None:
+    def __init__(self, read_state: Callable[[], ServiceState], *, backend: str, profile: Profile = "node") -> None:
         self._read_state = read_state
         self._build_labels = {"version": __version__, "python_version": platform.python_version(), "backend": backend}
+        self._fleet = profile == "fleet"
 
     def describe(self) -> list[Metric]:
         return []  # collected lazily: the registry must not call collect() at registration
@@ -346,7 +421,7 @@ class StateCollector(Collector):
                 success.add_metric([name], 0)
                 continue
             success.add_metric([name], 1)
-            yield from families
+            yield from (f for f in families if not self._fleet or f.name in _FLEET_FAMILIES)
         yield success
 
     def _build_metrics(self, state: ServiceState) -> Iterator[Metric]:
@@ -457,6 +532,7 @@ class StateCollector(Collector):
             noisy.add_metric(labels, 1 if m.timing.noisy else 0)
             flops.add_metric(labels, m.flops_per_second)
         yield from (duration, iqr, noisy, flops)
+        yield _largest_flops(state.latest)
         fixed, peak = _gauge(FIXED_COST), _gauge(PEAK_FLOPS)
         for cost in state.latest.costs:
             labels = _label_values(FIXED_COST, cost)  # PEAK_FLOPS's alike
@@ -493,14 +569,31 @@ class StateCollector(Collector):
                 ci_lower.add_metric(labels, c.ci_lower)
                 ci_upper.add_metric(labels, c.ci_upper)
             for s in CrossoverState:
-                states.add_metric(_label_values(CROSSOVER_STATE, c, state=s.value), 1 if s is c.state else 0)
+                if s is c.state or not self._fleet:
+                    states.add_metric(_label_values(CROSSOVER_STATE, c, state=s.value), 1 if s is c.state else 0)
         yield from (size, lower, upper, ci_lower, ci_upper, states, derived_at)
 
 
-def build_registry(read_state: Callable[[], ServiceState], *, backend: str) -> CollectorRegistry:
+def _largest_flops(latest: Snapshot) -> GaugeMetricFamily:
+    """Each GPU's rate at its largest configured size served, by dtype and mode."""
+    gpus = {(d.backend, d.device) for d in latest.devices if d.kind == "gpu"}
+    largest: dict[tuple[str, str, str, str], Measurement] = {}
+    for m in latest.measurements:
+        key = (m.key.backend, m.key.device, m.key.dtype, m.key.mode)
+        if m.role == "sweep" and key[:2] in gpus and (key not in largest or m.key.size > largest[key].key.size):
+            largest[key] = m
+    family = _gauge(LARGEST_FLOPS)
+    for m in largest.values():
+        family.add_metric(_label_values(LARGEST_FLOPS, m.key), m.flops_per_second)
+    return family
+
+
+def build_registry(
+    read_state: Callable[[], ServiceState], *, backend: str, profile: Profile = "node"
+) -> CollectorRegistry:
     """A registry of the service's own (never the global one) holding only the state collector."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StateCollector(read_state, backend=backend))
+    registry.register(StateCollector(read_state, backend=backend, profile=profile))
     return registry
 
 
@@ -561,9 +654,10 @@ def with_process_metrics(body: bytes, exposition: str) -> bytes:
     return body + process
 
 
-def render_state(state: ServiceState, exposition: str, *, backend: str) -> tuple[bytes, str]:
-    """/metrics of this one state (the caller read it once): body and content type, as ``render`` gives them."""
-    return render(build_registry(lambda: state, backend=backend), exposition)
+def render_state(state: ServiceState, exposition: str, *, backend: str, profile: Profile = "node") -> tuple[bytes, str]:
+    """/metrics of this one state (the caller read it once) in one profile: body and content type, as ``render``
+    gives them."""
+    return render(build_registry(lambda: state, backend=backend, profile=profile), exposition)
 
 
 def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:

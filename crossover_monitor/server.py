@@ -9,12 +9,14 @@ import dataclasses
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from crossover_monitor.errors import PLOT_EXTRA_HINT
 from crossover_monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
-from crossover_monitor.metrics import exposition_type
+from crossover_monitor.metrics import PROFILES, Profile, exposition_type
 from crossover_monitor.model import ServiceState
 from crossover_monitor.page import Picture, PictureState
 from crossover_monitor.webconfig import WebGate
@@ -23,8 +25,15 @@ log = logging.getLogger(__name__)
 
 # (ok, a one-line explanation) for the health and readiness probes.
 Probe = Callable[[], tuple[bool, str]]
-# /metrics of one state in one exposition (``crossover_monitor.metrics.render_state``): body and content type.
-RenderMetrics = Callable[[ServiceState, str], tuple[bytes, str]]
+
+
+class RenderMetrics(Protocol):
+    """/metrics of one state in one exposition and profile (``crossover_monitor.metrics.render_state``): body and
+    content type."""
+
+    def __call__(self, state: ServiceState, exposition: str, /, *, profile: Profile) -> tuple[bytes, str]: ...
+
+
 PROCESS_FRESH_S = 1.0  # the process's own series in a /metrics answer are at most this old
 
 
@@ -183,13 +192,17 @@ class _MetricsCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._state: ServiceState | None = None
-        self._bodies: dict[str, Response] = {}  # by exposition: two at most, whatever clients send
-        # The whole answer (state and process series) by exposition, and when it was made: scrapers arriving
-        # together share it, and the process's series are never older than PROCESS_FRESH_S.
-        self._answers: dict[str, tuple[Response, float]] = {}
+        # By profile and exposition: four at most, whatever clients send.
+        self._bodies: dict[tuple[Profile, str], Response] = {}
+        # The whole answer (state and process series) by profile and exposition, and when it was made: scrapers
+        # arriving together share it, and the process's series are never older than PROCESS_FRESH_S.
+        self._answers: dict[tuple[Profile, str], tuple[Response, float]] = {}
 
     def response(self, request: Request) -> Response:
-        kind = exposition_type(request.header("accept"))
+        profile = _profile(request)
+        if isinstance(profile, Response):
+            return profile
+        kind = (profile, exposition_type(request.header("accept")))
         try:
             state = self._read_state()
             with self._lock:
@@ -199,11 +212,11 @@ class _MetricsCache:
             if answer is not None and now - answer[1] < PROCESS_FRESH_S:
                 return answer[0]
             if cached is None:
-                body, content_type = self._render(state, kind)
+                body, content_type = self._render(state, kind[1], profile=profile)
                 cached = Response(status=200, body=body, content_type=content_type)
             full = cached
             if self._add_process is not None:
-                full = dataclasses.replace(cached, body=self._add_process(cached.body, kind))
+                full = dataclasses.replace(cached, body=self._add_process(cached.body, kind[1]))
         except Exception:  # a bug in rendering must answer 500, not drop the connection
             log.exception("rendering /metrics failed")
             return Response(status=500, body=b"internal error rendering metrics; see the service log\n")
@@ -213,6 +226,20 @@ class _MetricsCache:
             self._bodies[kind] = cached
             self._answers[kind] = (full, now)
         return full
+
+
+def _profile(request: Request) -> Profile | Response:
+    """The profile a scrape asks for (`?profile=fleet`; `node`, every series, without one), or the 400 answering a
+    query that names none of them."""
+    _, _, query = request.target.partition("?")
+    asked = urllib.parse.parse_qs(query).get("profile", ["node"])
+    if len(asked) == 1 and asked[0] in PROFILES:
+        return asked[0]
+    shown = ", ".join(repr(name) for name in asked)
+    known = " or ".join(PROFILES)
+    return Response(
+        status=400, body=f"unknown profile {shown}: ask for {known} (node, every series, without one)\n".encode()
+    )
 
 
 def _probe(probe: Probe) -> Response:

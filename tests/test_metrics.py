@@ -365,3 +365,18 @@ def test_every_section_reports_success_when_nothing_failed() -> None:
     registry = _registry(StateStore())
     for section in ("sweeps", "devices", "points", "crossovers", "build"):
         assert registry.get_sample_value("matmul_scrape_section_success", {"section": section}) == 1
+
+
+def test_the_metrics_reference_marks_exactly_the_fleet_profile() -> None:
+    """docs/metrics.md's fleet column says yes for exactly the metrics the fleet profile serves."""
+    import re  # noqa: PLC0415
+
+    from crossover_monitor.metrics import METRICS  # noqa: PLC0415
+    from tests.conftest import REPO  # noqa: PLC0415
+
+    marked: dict[str, bool] = {}
+    for line in (REPO / "docs" / "metrics.md").read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `matmul_"):
+            cells = line.split("|")
+            marked |= dict.fromkeys(re.findall(r"`(matmul_\w+)`", cells[1]), cells[2].strip() == "yes")
+    assert marked == {spec.exposed_name: spec.fleet for spec in METRICS.values()}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import http.server
+import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor.httpserver import Request
-from crossover_monitor.metrics import render_state
+from crossover_monitor.metrics import Profile, render_state
 from crossover_monitor.model import ServiceState, SweepOutcome, SweepResult
-from crossover_monitor.server import _MetricsCache
+from crossover_monitor.server import Lifecycle, _MetricsCache
 from crossover_monitor.state import StateStore
+from tests.conftest import tool
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import RunningService, fake_config, http_get, parse, started_server
 
@@ -81,9 +86,9 @@ class _CountedRendering:
     def __init__(self) -> None:
         self.rendered: list[ServiceState] = []
 
-    def __call__(self, state: ServiceState, exposition: str) -> tuple[bytes, str]:
+    def __call__(self, state: ServiceState, exposition: str, *, profile: Profile) -> tuple[bytes, str]:
         self.rendered.append(state)
-        return render_state(state, exposition, backend="torch")
+        return render_state(state, exposition, backend="torch", profile=profile)
 
 
 def test_metrics_are_rendered_once_per_state_not_once_per_scrape() -> None:
@@ -210,7 +215,7 @@ def test_the_process_series_are_served_fresh_beside_the_kept_state_body(tmp_path
     now = [0.0]
     renders: list[int] = []
 
-    def render(state: ServiceState, kind: str) -> tuple[bytes, str]:
+    def render(state: ServiceState, kind: str, *, profile: Profile) -> tuple[bytes, str]:
         renders.append(1)
         return b"state 1\n", "text/plain"
 
@@ -228,3 +233,127 @@ def test_the_process_series_are_served_fresh_beside_the_kept_state_body(tmp_path
 
 
 SAME = ServiceState()
+
+
+class _Calls:
+    """A lifecycle that records what it was asked to do and always does it."""
+
+    def __init__(self) -> None:
+        self.made: list[str] = []
+        self.lifecycle = Lifecycle(reload=lambda: self._do("reload"), sweep=lambda: self._do("sweep"))
+
+    def _do(self, what: str) -> tuple[bool, str]:
+        self.made.append(what)
+        return True, f"{what} started"
+
+
+def _post(address: tuple[str, int], path: str, headers: dict[str, str], body: str = "") -> tuple[int, str]:
+    connection = http.client.HTTPConnection(*address, timeout=5)
+    try:
+        connection.request("POST", path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_lifecycle_posts_from_another_site_get_403_and_those_without_browser_headers_or_same_origin_pass() -> None:
+    """Issue 51 N5: with --web.enable-lifecycle a page of another site could start sweeps and reloads from an
+    operator's browser (202); a request whose Origin or Sec-Fetch-Site says another site now gets 403, while
+    curl and config-reloader sidecars (neither header) and the server's own origin still pass."""
+    calls = _Calls()
+    server = started_server(ServiceState, lifecycle=calls.lifecycle)
+    host, port = server.address
+    own = f"http://{host}:{port}"
+    form = "application/x-www-form-urlencoded"
+    cases: list[tuple[dict[str, str], bool]] = [
+        ({"Origin": "http://evil"}, False),
+        ({"Origin": "null"}, False),
+        ({"Origin": "http://evil", "Content-Type": "text/plain"}, False),
+        ({"Origin": "http://evil", "Content-Type": form, "Sec-Fetch-Site": "cross-site"}, False),
+        ({"Origin": f"http://{host}:{port + 1}"}, False),  # another port is another origin
+        ({"Origin": f"http://localhost:{port}", "Sec-Fetch-Site": "same-site"}, False),
+        ({"Origin": own, "Sec-Fetch-Site": "cross-site"}, False),  # a browser's own word on the site decides
+        ({}, True),  # curl, a config-reloader sidecar
+        ({"Content-Type": form}, True),
+        ({"Origin": own}, True),
+        ({"Origin": "https://proxy.example", "Sec-Fetch-Site": "same-origin"}, True),  # behind a proxy
+        ({"Sec-Fetch-Site": "none"}, True),  # typed or bookmarked by the user
+    ]
+    try:
+        for path, done in (("/-/sweep", 202), ("/-/reload", 200)):
+            calls.made.clear()
+            got = [_post(server.address, path, headers, body="a=b")[0] for headers, _ in cases]
+            assert got == [done if passes else 403 for _, passes in cases], path
+            assert len(calls.made) == sum(passes for _, passes in cases)
+        body = _post(server.address, "/-/sweep", {"Origin": "http://evil"})[1]
+        assert "another site" in body
+        assert "Origin: http://evil" in body
+        # Reading is not changing: a cross-site GET is answered as before (a dashboard's link, an <img>).
+        assert http_get(own + "/healthz", {"Origin": "http://evil", "Sec-Fetch-Site": "cross-site"})[0] == 200
+    finally:
+        server.stop()
+
+
+class _AttackPage(http.server.BaseHTTPRequestHandler):
+    """Another site's page that, once opened, posts to the monitor's lifecycle API as a page can: a no-cors
+    fetch to /-/reload, then a plain-text form to /-/sweep (neither needs CORS' consent)."""
+
+    target = ""
+
+    def do_GET(self) -> None:
+        page = f"""<!doctype html><html><body>
+<form id="f" method="post" enctype="text/plain" action="{self.target}/-/sweep"><input name="a" value="b"></form>
+<script>
+fetch("{self.target}/-/reload", {{method: "POST", mode: "no-cors", body: "a=b"}})
+  .catch(() => {{}}).finally(() => document.getElementById("f").submit());
+</script></body></html>""".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+@pytest.mark.slow
+def test_a_page_of_another_site_in_a_real_browser_cannot_start_a_sweep_or_a_reload(tmp_path: Path) -> None:
+    """Issue 51 N5: a page of another site opened in Chromium started a sweep with a plain-text form and a
+    reload with a no-cors fetch (202, 200); both are now refused (403) and nothing runs."""
+    calls = _Calls()
+    server = started_server(ServiceState, lifecycle=calls.lifecycle)
+    host, port = server.address
+    _AttackPage.target = f"http://{host}:{port}"
+    attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AttackPage)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run(
+            [
+                tool("chromium", "chromium"),
+                "--headless",
+                "--no-sandbox",  # as root in CI
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",  # the machine has no network: no stray connections
+                "--disable-component-update",
+                "--disable-sync",
+                "--host-resolver-rules=MAP evil.test 127.0.0.1",  # the other site, by a name of its own
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--virtual-time-budget=10000",
+                "--dump-dom",
+                f"http://evil.test:{attacker.server_address[1]}/",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    finally:
+        attacker.shutdown()
+        attacker.server_close()
+        server.stop()
+    assert "refused: a request from another site" in done.stdout, done.stdout  # the form's answer, shown
+    assert calls.made == []
