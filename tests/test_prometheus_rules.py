@@ -209,7 +209,8 @@ def later_reads(groups: list[dict[str, Any]]) -> list[str]:
         for index, rule in enumerate(rules):
             read = set(NAME_TOKEN.findall(str(rule["expr"])))
             later = {str(r["record"]) for r in rules[index + 1 :] if "record" in r}
-            found += [f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {name}" for name in read & later]
+            reader = rule.get("record") or rule.get("alert")
+            found += [f"{group['name']}: {reader} reads {name}" for name in sorted(read & later)]
     return found
 
 
