@@ -40,6 +40,7 @@ from crossover_monitor.model import (
     gpu_cpu_pairs,
 )
 from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode
+from crossover_monitor.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,8 @@ class SubprocessWorker:
 
     def _read_stderr(self, stream: IO[str]) -> None:
         for line, whole in bounded_lines(stream, STDERR_LINE_CHARS):
-            text = line.rstrip() if whole else f"{line}… (cut at {STDERR_LINE_CHARS} characters)"
+            # Printable, as every string from the worker: its stderr reaches a failed run's reason and the page.
+            text = printable(line.rstrip() if whole else f"{line}… (cut at {STDERR_LINE_CHARS} characters)")
             self._stderr.append(text)
             log.debug("worker: %s", text)
 

@@ -229,3 +229,16 @@ def test_a_worker_stderr_line_without_an_end_is_kept_cut_and_the_sweep_goes_on()
     assert peak < 32 << 20  # the whole line would be 256 MiB
     lines = list(bounded_lines(io.StringIO("a" * 10 + "\nshort\n" + "b" * 25), 8))
     assert lines == [("aaaaaaaa", False), ("short\n", True), ("bbbbbbbb", False)]
+
+
+def test_a_worker_stderr_with_control_characters_reaches_the_reason_printable() -> None:
+    """Issue 51 N4/N8: a worker's stderr (an ESC sequence, a NUL) reaches the failed sweep's reason, the page and the
+    history as printable text, as every other string from the worker."""
+    script = "import sys; sys.stderr.write('boom \\x1b[31mred\\x00\\n'); sys.stderr.flush(); sys.exit(3)\n"
+    outcome = run_sweep(
+        make_plan("tests.fakes:curve"), timeout_s=50, cancel=threading.Event(), launch=_misbehaving(script)
+    )
+    assert outcome.result is SweepResult.FAILED
+    assert "boom \\x1b[31mred\\x00" in outcome.reason
+    assert "\x1b" not in outcome.reason
+    assert "\x00" not in outcome.reason
