@@ -25,8 +25,8 @@ from crossover_monitor.model import (
 )
 from crossover_monitor.settings import Settings
 from tests import builders
+from tests.browser import browse
 from tests.builders import FULL_SNAPSHOT
-from tests.conftest import tool
 from tests.service import RunningService, fake_config, http_get, started_server, wait_until
 
 NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
@@ -65,32 +65,6 @@ class Elements(html.parser.HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._cell is not None:
             self._cell.append(data)
-
-
-def browse(url: str, profile: Path) -> str:
-    """The DOM after Chromium loaded ``url`` and its picture (and ran the page's handlers)."""
-    done = subprocess.run(
-        [
-            tool("chromium", "chromium"),
-            "--headless",
-            "--no-sandbox",  # as root in CI
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",  # the machine has no network: no stray connections
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--virtual-time-budget=10000",
-            "--dump-dom",
-            url,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    return done.stdout
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import http.server
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from crossover_monitor.metrics import Profile, render_state
 from crossover_monitor.model import ServiceState, SweepOutcome, SweepResult
 from crossover_monitor.server import Lifecycle, _MetricsCache
 from crossover_monitor.state import StateStore
-from tests.conftest import tool
+from tests.browser import browse
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import RunningService, fake_config, http_get, parse, started_server
 
@@ -329,31 +328,14 @@ def test_a_page_of_another_site_in_a_real_browser_cannot_start_a_sweep_or_a_relo
     attacker = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AttackPage)
     threading.Thread(target=attacker.serve_forever, daemon=True).start()
     try:
-        done = subprocess.run(
-            [
-                tool("chromium", "chromium"),
-                "--headless",
-                "--no-sandbox",  # as root in CI
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",  # the machine has no network: no stray connections
-                "--disable-component-update",
-                "--disable-sync",
-                "--host-resolver-rules=MAP evil.test 127.0.0.1",  # the other site, by a name of its own
-                f"--user-data-dir={tmp_path / 'profile'}",
-                "--virtual-time-budget=10000",
-                "--dump-dom",
-                f"http://evil.test:{attacker.server_address[1]}/",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
+        page = browse(
+            f"http://evil.test:{attacker.server_address[1]}/",
+            tmp_path / "profile",
+            "--host-resolver-rules=MAP evil.test 127.0.0.1",  # the other site, by a name of its own
         )
     finally:
         attacker.shutdown()
         attacker.server_close()
         server.stop()
-    assert "refused: a request from another site" in done.stdout, done.stdout  # the form's answer, shown
+    assert "refused: a request from another site" in page, page  # the form's answer, shown
     assert calls.made == []
