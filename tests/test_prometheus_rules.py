@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from crossover_monitor.metrics import EXPOSED_NAMES
+from crossover_monitor.metrics import EXPOSED_NAMES, METRICS
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.promql import (
     ALERTS_DOC,
@@ -222,3 +222,23 @@ def test_no_rule_reads_a_series_its_group_records_after_it() -> None:
     # The check itself finds such a rule.
     backwards = [{"name": "g", "rules": [{"record": "a:b:c", "expr": "x:y:z + 1"}, {"record": "x:y:z", "expr": "1"}]}]
     assert later_reads(backwards) == ["g: a:b:c reads x:y:z"]
+
+
+def test_every_metric_an_alert_reads_is_in_the_fleet_profile() -> None:
+    """Issue 52: a fleet's store scrapes /metrics?profile=fleet, so every exported metric an alert reads, through the
+    recording rules it reads and in its description, must be one the fleet profile serves (or the alert goes quiet
+    there: the throughput alert read the whole curve)."""
+    rules = load_rules()
+    recorded = {str(rule["record"]): str(rule["expr"]) for rule in rules if "record" in rule}
+
+    def read_by(text: str, seen: set[str]) -> set[str]:
+        names = metric_names([text], set(recorded))
+        for name in set(NAME_TOKEN.findall(text)) & set(recorded) - seen:
+            seen.add(name)
+            names |= read_by(recorded[name], seen)
+        return names
+
+    fleet = {spec.exposed_name for spec in METRICS.values() if spec.fleet}
+    for alert in (rule for rule in rules if "alert" in rule):
+        text = str(alert["expr"]) + " ".join(str(v) for v in alert.get("annotations", {}).values())
+        assert read_by(text, set()) - fleet == set(), alert["alert"]
