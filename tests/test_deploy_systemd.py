@@ -195,9 +195,11 @@ def test_reload_sends_sighup_to_the_service(unit: dict[str, list[str]]) -> None:
 
 
 def test_unit_caps_memory_above_the_measured_peak_without_swap(unit: dict[str, list[str]]) -> None:
-    """Issue 51 N10: MemoryMax= holds the default sweep's measured peak with room, and no swap slows a timing."""
+    """Issue 51 N10: MemoryMax= holds the default sweep's measured peak with room, no swap slows a timing, and a worker
+    the OOM killer ends does not stop the unit (systemd's OOMPolicy= default, stop, would)."""
     assert mib(unit["Service.MemoryMax"][-1]) >= HEADROOM * recorded_peak_mib()
     assert unit["Service.MemorySwapMax"] == ["0"]
+    assert unit["Service.OOMPolicy"] == ["continue"]
 
 
 def test_unit_compose_and_daemonset_limit_memory_alike(unit: dict[str, list[str]]) -> None:
