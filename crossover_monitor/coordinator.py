@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from crossover_monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
 from crossover_monitor.preflight import host_problem
@@ -18,7 +19,7 @@ from crossover_monitor.protocol import Plan
 from crossover_monitor.schedule import SweepScheduler
 from crossover_monitor.settings import BenchmarkSettings
 from crossover_monitor.state import StateStore
-from crossover_monitor.sweep import KILL_GRACE_S, Launcher, run_sweep
+from crossover_monitor.sweep import KILL_GRACE_S, Launcher, run_ends, run_sweep
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,20 @@ STOP_WAIT_S = KILL_GRACE_S * 2 + 1
 class SweepCoordinator:
     """Runs every sweep and retry of the service, on its schedule or when asked, and hands each to the store."""
 
-    def __init__(self, store: StateStore, *, launch: Launcher) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        *,
+        launch: Launcher,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``clock`` and ``monotonic``: the wall clock (what is recorded and served) and the one that times the
+        schedule, the deadlines and the durations."""
         self._store = store
         self._launch = launch
+        self._clock = clock
+        self._monotonic = monotonic
         self._manual_lock = threading.Lock()
         self._manual_pending = False  # a manual sweep accepted and not yet ended: one 202 per sweep
         self._next_sweep_lock = threading.Lock()
@@ -54,6 +66,9 @@ class SweepCoordinator:
             interval_s=schedule.interval_s,
             cron=schedule.cron,
             jitter_s=schedule.jitter_s,
+            clock=clock,
+            monotonic=monotonic,
+            on_clock_step=self._note_next_sweep,  # the next sweep's wall-clock time moved with the clock
         )
 
     def start(self) -> None:
@@ -63,8 +78,8 @@ class SweepCoordinator:
 
     def _note_next_sweep(self) -> None:
         """The schedule's next sweep into the served state, after each change to it: its start, a reload,
-        each scheduled sweep as it begins (or is skipped). Read and recorded together, so that of two
-        changes at once the later one's time stays."""
+        each scheduled sweep as it begins (or is skipped), a step of the wall clock. Read and recorded together,
+        so that of two changes at once the later one's time stays."""
         with self._next_sweep_lock:
             self._store.record_next_sweep(self._scheduler.next_run_at())
 
@@ -80,18 +95,21 @@ class SweepCoordinator:
         self._stopping.set()
         self._cancel_sweep.set()
         self._scheduler.shutdown()
-        return self._sweep_idle.wait(STOP_WAIT_S)
+        ended = self._sweep_idle.wait(STOP_WAIT_S)
+        self._end_skipped()
+        return ended
 
     def stuck(self) -> str | None:
         """Why sweeps no longer run (no scheduler, a due sweep not started, one that cannot be stopped), or None."""
         if not self._scheduler.running:
             return "the scheduler is not running"
-        due = self._scheduler.next_run_at()
-        if self._sweep_started is None and due is not None and time.time() - due > _OVERDUE_AFTER_S:
-            return f"the next sweep was due {time.time() - due:.0f}s ago and has not started"
+        # On the monotonic clock, as the schedule: a step of the wall clock makes no sweep late.
+        left = self._scheduler.seconds_to_next()
+        if self._sweep_started is None and left is not None and -left > _OVERDUE_AFTER_S:
+            return f"the next sweep was due {-left:.0f}s ago and has not started"
         started = self._sweep_started
         limit = self._store.settings.benchmark.timeout_s + _STUCK_AFTER_DEADLINE_S
-        if started is not None and time.monotonic() - started > limit:
+        if started is not None and self._monotonic() - started > limit:
             return f"a sweep has been running for more than {limit:g}s and could not be stopped"
         return None
 
@@ -124,8 +142,8 @@ class SweepCoordinator:
                 self._manual_pending = False
 
     def _sweep(self) -> None:
-        # APScheduler 3 sets the following run's time while holding its job stores' lock, which reading the
-        # job waits for, so this reads the new time; noted again at the end, should a release change that.
+        # The timer sets the following sweep's time before it starts this one; noted again at the end, should a
+        # reload have changed it meanwhile.
         self._note_next_sweep()
         self._run_worker(self._plan(self._store.settings.benchmark), retry=False)
         self._note_next_sweep()
@@ -167,11 +185,10 @@ class SweepCoordinator:
             self._worker_lock.release()
             return
         self._sweep_idle.clear()
-        self._sweep_started = time.monotonic()
-        started_at = time.time()
+        self._sweep_started = began = self._monotonic()
         what = "retry" if retry else "sweep"
         try:
-            outcome = self._time(plan, what, started_at)
+            outcome = self._time(plan, what, began)
             if self._stopping.is_set() and not outcome.result.completed:
                 # Cut short by the stop: not a failure, and logged in the same words whatever the worker said.
                 log.info(f"{what} stopped: the service is stopping", extra={"duration_s": round(outcome.duration_s, 3)})
@@ -180,8 +197,9 @@ class SweepCoordinator:
         except Exception as exc:  # a bug must not kill the scheduler thread, nor go uncounted
             log.exception(f"{what} crashed")
             reason = f"internal error: {type(exc).__name__}: {exc}"
+            started_at, finished_at = run_ends(began, clock=self._clock, monotonic=self._monotonic)
             failed = SweepOutcome(
-                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=reason
+                result=SweepResult.FAILED, started_at=started_at, finished_at=finished_at, reason=reason
             )
             if retry:
                 self._store.record_retry(failed)
@@ -191,24 +209,42 @@ class SweepCoordinator:
             self._sweep_started = None
             self._sweep_idle.set()
             self._worker_lock.release()
+        self._end_skipped()
         try:
             self._schedule_retry()
         except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
             log.exception("could not schedule a retry of busy GPUs")
 
     def _skipped(self, reason: str) -> None:
+        """A scheduled sweep due while one runs: counted (and served) now; the history and the log get the burst
+        of them once, as it ends (``_end_skipped``): at a 1 s interval a slow sweep skips one a second."""
         self._note_next_sweep()
-        self._store.record_skipped(reason)
+        self._store.record_skipped(reason, at=self._clock())
 
-    def _time(self, plan: Plan, what: str, started_at: float) -> SweepOutcome:
+    def _end_skipped(self) -> None:
+        """The sweeps skipped since the last run ended, as one history row and one log line (after each run, and
+        as the service stops)."""
+        burst = self._store.end_skipped()
+        if burst is not None:
+            log.warning("sweep skipped", extra={"count": burst.count, "reason": burst.reason})
+
+    def _time(self, plan: Plan, what: str, began: float) -> SweepOutcome:
         bench = plan.bench
         log.info(f"{what} started", extra={"backend": bench.backend, "devices": bench.devices or "auto"})
         problem = host_problem()
         if problem is not None:  # say so, not a traceback (or slow timings) per sweep
+            started_at, finished_at = run_ends(began, clock=self._clock, monotonic=self._monotonic)
             return SweepOutcome(
-                result=SweepResult.FAILED, started_at=started_at, finished_at=time.time(), reason=problem
+                result=SweepResult.FAILED, started_at=started_at, finished_at=finished_at, reason=problem
             )
-        return run_sweep(plan, timeout_s=bench.timeout_s, cancel=self._cancel_sweep, launch=self._launch)
+        return run_sweep(
+            plan,
+            timeout_s=bench.timeout_s,
+            cancel=self._cancel_sweep,
+            launch=self._launch,
+            clock=self._clock,
+            monotonic=self._monotonic,
+        )
 
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
@@ -238,8 +274,8 @@ class SweepCoordinator:
             return
         if not latest.gpus_to_retry:
             return
-        due = self._scheduler.next_run_at()
-        if due is not None and due - time.time() <= interval:
+        left = self._scheduler.seconds_to_next()
+        if left is not None and left <= interval:
             return  # the next sweep comes first and times them anyway
         self._scheduler.run_later(self._retry_busy, interval)
 

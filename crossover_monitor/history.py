@@ -193,9 +193,13 @@ class RunHistory:
 
     def _hold_file(self) -> None:
         """Open the descriptor the checks read the file's header through, once the connection made the file."""
-        self._identity = _identity(self.path)
-        with contextlib.suppress(OSError):  # else opened by the next check, which says why it cannot be
+        try:
             self._header_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # opened by the next check, which says why it cannot be
+            self._identity = _identity(self.path)
+            return
+        stat = os.fstat(self._header_fd)  # the identity of the file opened, not of whatever is at the path now
+        self._identity = (stat.st_dev, stat.st_ino)
 
     def _release_file(self) -> None:
         """Close the held descriptor; only once the connection to that file is closed (it drops its locks)."""
@@ -220,12 +224,20 @@ class RunHistory:
             return f"cannot be read ({exc.strerror or exc})"
         if header != _SQLITE_HEADER:
             return "was changed by something else: it " + ("is empty (truncated)" if not header else "was overwritten")
+        # A connection of its own, not the one this history writes with: that one may answer from its cache and miss
+        # another database copied over the file. (SQLite keeps a closed connection's descriptor open while another
+        # connection of this process holds locks on the file, so this one drops none of them.)
         try:
-            problem = _problem_in(self._db, ours=True)
-        except sqlite3.Error as exc:
-            if _transient(exc):
-                raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
-            problem = f"is not a readable database ({exc})"
+            problem = _problem_with(self.path, ours=True)
+        except HistoryBusy:
+            # A read-only connection can keep failing (an I/O error on the shared-memory index) after another
+            # process's exclusive lock went: ask through the connection this history writes with.
+            try:
+                problem = _problem_in(self._db, ours=True)
+            except sqlite3.Error as exc:
+                if _transient(exc):
+                    raise HistoryBusy(f"is busy or cannot be read just now ({exc})") from None
+                problem = f"is not a readable database ({exc})"
         return None if problem is None else f"was changed by something else: it {problem}"
 
     def _recover(self, problem: str) -> None:
@@ -249,8 +261,8 @@ class RunHistory:
         self._db.close()
         self._release_file()
         self._db = fresh
+        self._hold_file()  # before anything can fail: the next check must know the new file for this history's own
         self._prepare()
-        self._hold_file()
         where = f"; moved what is there to {aside.name}" if aside is not None else ""
         log.warning(f"run history: {self.path} {problem} while the service ran{where}; wrote {kept} to {self.path}")
 
@@ -301,11 +313,19 @@ class RunHistory:
         return ServiceState(**fields), served.backend
 
     def record(
-        self, kind: str, outcome: SweepOutcome | None, state: ServiceState, backend: str, reason: str = ""
+        self,
+        kind: str,
+        outcome: SweepOutcome | None,
+        state: ServiceState,
+        backend: str,
+        reason: str = "",
+        *,
+        since: float | None = None,
     ) -> bool:
         """One run and the state served after it; False if it could not be written.
 
-        ``outcome`` None is a sweep skipped (``reason`` says why): nothing ran, but it counts.
+        ``outcome`` None is a sweep skipped (``reason`` says why): nothing ran, but it counts. ``since``: when the
+        first of a burst of them was skipped, for one row that spans the burst (its reason says how many).
         """
         served = _Served(
             backend=backend,
@@ -321,7 +341,7 @@ class RunHistory:
             others_typical=state.others_typical,
         )
         now = time.time()
-        row = _run_row(kind, outcome, now, reason)
+        row = _run_row(kind, outcome, now, reason, since)
         try:
             with self._lock:
                 rows = [*self._pending, row][-self._keep_runs :]
@@ -547,9 +567,11 @@ def _without_snapshot(outcome: SweepOutcome | None) -> SweepOutcome | None:
     return None if outcome is None else dataclasses.replace(outcome, snapshot=None)
 
 
-def _run_row(kind: str, outcome: SweepOutcome | None, now: float, reason: str) -> tuple[Any, ...]:
-    if outcome is None:
-        return (kind, now, now, SweepResult.SKIPPED.value, reason, "[]", "[]")
+def _run_row(
+    kind: str, outcome: SweepOutcome | None, now: float, reason: str, since: float | None = None
+) -> tuple[Any, ...]:
+    if outcome is None:  # a burst's start never after its end, should the wall clock have stepped back between
+        return (kind, now if since is None else min(since, now), now, SweepResult.SKIPPED.value, reason, "[]", "[]")
     snapshot = outcome.snapshot
     devices: list[_DeviceRow] = []
     crossovers: list[_CrossoverRow] = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import threading
+import time
+from dataclasses import dataclass
 from typing import TypeVar
 
 from crossover_monitor.carry import served, trimmed
@@ -35,6 +37,21 @@ HOST_REFERENCES_KEPT = 96
 POINT_MEDIANS_KEPT = 48
 
 
+@dataclass(frozen=True, kw_only=True)
+class SkippedBurst:
+    """Scheduled sweeps skipped one after another (while one ran): one row in the run history, one log line."""
+
+    count: int
+    first_at: float  # unix seconds
+    last_at: float
+    reason: str
+
+    @property
+    def described(self) -> str:
+        """The history row's reason: how many, and why."""
+        return self.reason if self.count == 1 else f"{self.reason} ({self.count} scheduled sweeps skipped)"
+
+
 class StateStore:
     """Readers get an immutable ServiceState and the loaded Settings; writers replace them atomically."""
 
@@ -47,6 +64,7 @@ class StateStore:
         self._state = initial or ServiceState()
         self._settings: Settings | None = None  # None until a configuration is recorded: every series is served
         self._history = history
+        self._skipped: SkippedBurst | None = None  # counted and served, not yet in the history (under _lock)
 
     def read(self) -> ServiceState:
         return self._state  # a reference read is atomic; the object itself never changes
@@ -110,12 +128,31 @@ class StateStore:
             self._remember("retry", outcome, state)
             return result
 
-    def record_skipped(self, reason: str) -> None:
-        """A scheduled sweep that did not run (``reason`` says why): counted, and kept in the history."""
+    def record_skipped(self, reason: str, *, at: float | None = None) -> None:
+        """A scheduled sweep that did not run (``reason`` says why), at unix time ``at`` (None: now): counted and
+        served now, and kept with the skips before it until ``end_skipped`` (no history write each: at a 1 s
+        interval a slow sweep skips one a second, and each write holds the whole served state)."""
+        at = time.time() if at is None else at
+        with self._lock:
+            self._state = _counted(self._state, SweepResult.SKIPPED)
+            burst = self._skipped
+            self._skipped = SkippedBurst(
+                count=1 if burst is None else burst.count + 1,
+                first_at=at if burst is None else burst.first_at,
+                last_at=at,
+                reason=reason if burst is None else burst.reason,
+            )
+
+    def end_skipped(self) -> SkippedBurst | None:
+        """The sweeps skipped since the last call, into the history as one row (with the state served now, which
+        counts them, so that a restart resumes the count); None if there were none."""
         with self._history_order:
             with self._lock:
-                self._state = state = _counted(self._state, SweepResult.SKIPPED)
-            self._remember("skipped", None, state, reason)
+                burst, self._skipped = self._skipped, None
+                state = self._state
+            if burst is not None:
+                self._remember("skipped", None, state, burst.described, since=burst.first_at)
+            return burst
 
     def record_config(self, settings: Settings, *, at: float) -> None:
         """A configuration that took (start-up or reload): sweeps are planned from it and only what it asks for
@@ -171,10 +208,12 @@ class StateStore:
             return outcome
         return dataclasses.replace(outcome, snapshot=trimmed(outcome.snapshot, self._settings.benchmark))
 
-    def _remember(self, kind: str, outcome: SweepOutcome | None, state: ServiceState, reason: str = "") -> None:
+    def _remember(
+        self, kind: str, outcome: SweepOutcome | None, state: ServiceState, reason: str = "", since: float | None = None
+    ) -> None:
         """The run and the state served after it, into the history (when there is one). Under _history_order."""
         if self._history is not None:
-            self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason)
+            self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason, since=since)
 
 
 def _metered(snapshot: Snapshot) -> list[tuple[Measurement, float]]:

@@ -341,6 +341,16 @@ def _withheld_crossovers(plan: Plan, collected: _Collected) -> list[Crossover]:
     ]
 
 
+def run_ends(began: float, *, clock: Callable[[], float], monotonic: Callable[[], float]) -> tuple[float, float]:
+    """A run's start and end in unix seconds, for a run that began at ``began`` on the ``monotonic`` clock.
+
+    Both are on the wall clock as it reads at the end, the start being the end less what the monotonic clock says
+    the run took: a step of the wall clock during the run (NTP, a host's resume) moves both and never makes a
+    duration, which every reader (the metric, the log, the history, the page) takes as their difference."""
+    finished = clock()
+    return finished - (monotonic() - began), finished
+
+
 def run_sweep(
     plan: Plan,
     *,
@@ -355,10 +365,11 @@ def run_sweep(
     """Run one sweep to completion, deadline, crash or cancellation; never raises for worker faults.
 
     ``memory``: the cgroup the worker shares with this process (the default reads it), to tell an OOM kill."""
-    started = clock()
+    began = monotonic()
     collected = _Collected(watch=on_message)
     if cancel.is_set():  # the service began stopping before this sweep could start its worker
-        return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=clock(), reason="cancelled")
+        started, finished = run_ends(began, clock=clock, monotonic=monotonic)
+        return SweepOutcome(result=SweepResult.FAILED, started_at=started, finished_at=finished, reason="cancelled")
     memory = memory or MemoryWatch()
     oom_killed = memory.start()
     worker = launch(plan)
@@ -382,7 +393,8 @@ def run_sweep(
         detail = worker.diagnostics()
         if detail:
             reason = f"{reason} (exit status {status}; worker stderr: {detail[-500:]})"
-        return SweepOutcome(result=result, started_at=started, finished_at=clock(), reason=reason)
+        started, finished = run_ends(began, clock=clock, monotonic=monotonic)
+        return SweepOutcome(result=result, started_at=started, finished_at=finished, reason=reason)
     if worker.exit_status(KILL_GRACE_S) is None:
         worker.stop()
     # A device that failed part-way through keeps none of its points: a truncated curve would
@@ -395,7 +407,7 @@ def run_sweep(
     # A device withheld or failed whole after some of its points were withheld alone is said once, whole.
     withheld = [w for w in collected.withheld if w.whole_device or w.device not in left_out]
     set_aside = [w.point for w in withheld if w.point is not None and w.point.size in plan.bench.sizes]
-    finished = clock()
+    started, finished = run_ends(began, clock=clock, monotonic=monotonic)
     withheld_pairs = _withheld_crossovers(plan, collected)
     # A pair with a device withheld whole is withheld once, whatever the other device's gaps say.
     covered = {c.key for c in withheld_pairs}

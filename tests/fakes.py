@@ -142,6 +142,16 @@ class VirtualClock:
         return self.now
 
 
+class SteppedClock:
+    """The wall clock as a host reads it, stepped by the test (an NTP step, a resume): ``offset`` seconds off."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
 class VirtualCurveBackend(CurveBackend):
     """The known curves on a VirtualClock: a sweep takes no real time, and a busy machine cannot move a point."""
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,10 @@ guard: {{require_nvml: false, gpu_max_host_wait: 1, cpu_max_other_cores: 64, hos
 class RunningService:
     """``python -m crossover_monitor run`` with a config written to a temp dir; stopped by ``stop``."""
 
-    def __init__(self, tmp_path: Path, config: str, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tmp_path: Path, config: str, extra: tuple[str, ...] = (), env: Mapping[str, str] | None = None
+    ) -> None:
+        """``env``: variables to set for the service beside this process's (a preloaded library, a notify socket)."""
         self.port = free_port()
         self.config = tmp_path / "config.yaml"
         self.config.write_text(config)
@@ -66,6 +70,7 @@ class RunningService:
             cwd=REPO,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env},
         )
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sys
 import threading
 import time
@@ -32,7 +33,9 @@ from crossover_monitor.protocol import Plan
 from crossover_monitor.settings import BenchmarkSettings, HistorySettings, RefineSettings, ServerSettings, Settings
 from crossover_monitor.state import StateStore
 from tests.conftest import QUICK_TIMING, free_port
+from tests.fakes import SteppedClock
 from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
+from tests.service import wait_until
 
 
 @pytest.mark.slow
@@ -92,13 +95,13 @@ def test_stuck_says_why_sweeps_no_longer_run(monkeypatch: pytest.MonkeyPatch) ->
     assert coordinator.stuck() == "the scheduler is not running"
     scheduler = coordinator._scheduler
     monkeypatch.setattr(type(scheduler), "running", property(lambda _: True))
-    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() + 3600)
+    monkeypatch.setattr(scheduler, "seconds_to_next", lambda: 3600.0)
     assert coordinator.stuck() is None
-    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() - 600)
+    monkeypatch.setattr(scheduler, "seconds_to_next", lambda: -600.0)
     overdue = coordinator.stuck()
     assert overdue is not None
     assert overdue.startswith("the next sweep was due 600s ago")
-    monkeypatch.setattr(scheduler, "next_run_at", lambda: time.time() + 3600)
+    monkeypatch.setattr(scheduler, "seconds_to_next", lambda: 3600.0)
     monkeypatch.setattr(coordinator, "_sweep_started", time.monotonic() - 60 - 31)
     assert coordinator.stuck() == "a sweep has been running for more than 90s and could not be stopped"
     monkeypatch.setattr(coordinator, "_sweep_started", time.monotonic() - 60)  # within its deadline and grace
@@ -227,3 +230,89 @@ def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_stor
         plan.point_figures,
         plan.others_floor,
     )
+
+
+def _quick_store(history: RunHistory | None = None, interval: str = "1h") -> StateStore:
+    """A store with a configuration whose sweeps (on a ThreadWorker) take well under a second."""
+    store = StateStore(history=history)
+    bench = {"backend": "tests.fakes:curve", "sizes": [16, 32], "modes": ["compute"], "timeout": "60s"}
+    store.record_config(settings_from_mapping({"schedule": {"interval": interval}, "benchmark": bench}), at=0)
+    return store
+
+
+def test_a_wall_clock_step_forward_keeps_the_service_healthy_and_serves_the_next_sweep_moved_with_it() -> None:
+    """Issue 51 N3: the wall clock a day ahead, the monotonic clock not: what /-/healthy and the watchdog ask
+    (``stuck``) says nothing is late, and the next sweep's served time (its metric, the page) is a day later."""
+    wall = SteppedClock()
+    store = _quick_store()
+    coordinator = SweepCoordinator(store, launch=lambda plan: ThreadWorker(plan, fake_guard(None)), clock=wall)
+    coordinator.start()
+    try:
+        wait_until(lambda: store.read().last_outcome is not None, 30, "the first sweep")
+        before = store.read().next_sweep_at
+        assert before is not None
+        wall.offset = 86400
+        wait_until(lambda: (store.read().next_sweep_at or 0) > before + 86000, 5, "the next sweep's time to move")
+        assert coordinator.stuck() is None
+        assert store.read().next_sweep_at == pytest.approx(before + 86400, abs=2)
+    finally:
+        coordinator.stop()
+
+
+def test_a_wall_clock_step_back_during_a_sweep_leaves_its_duration_true(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 51 N6: the wall clock an hour back while a sweep runs: the duration served, logged and kept in the
+    history is the monotonic clock's (under a minute), not -3600 s."""
+    wall = SteppedClock()
+    history = RunHistory.open(tmp_path, keep_runs=10)
+    store = _quick_store(history)
+
+    def launch(plan: Plan) -> ThreadWorker:
+        wall.offset -= 3600  # the sweep has begun
+        return ThreadWorker(plan, fake_guard(None))
+
+    coordinator = SweepCoordinator(store, launch=launch, clock=wall)
+    with caplog.at_level(logging.INFO, logger="crossover_monitor.coordinator"):
+        coordinator._sweep()  # the scheduler is not started: the sweep runs here, on this thread
+    history.close()
+    outcome = store.read().last_outcome
+    assert outcome is not None
+    assert outcome.snapshot is not None
+    assert 0 <= outcome.duration_s < 60
+    assert 0 <= outcome.snapshot.finished_at - outcome.snapshot.started_at < 60
+    assert outcome.finished_at == pytest.approx(wall(), abs=60)  # on the clock as it reads now
+    (line,) = [r for r in caplog.records if r.getMessage() == "sweep finished"]
+    assert 0 <= line.__dict__["duration_s"] < 60
+    (run,) = read_recent(tmp_path, 10)
+    assert run.started_at is not None
+    assert run.finished_at is not None
+    assert 0 <= run.finished_at - run.started_at < 60
+
+
+def test_a_burst_of_skipped_sweeps_is_one_history_row_and_one_log_line_and_a_restart_resumes_its_count(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 51 N9: 68 scheduled sweeps skipped while one ran are counted and served at once, but written to the
+    history (with the whole served state) only as the burst ends: one row with their count, one log line; the
+    restored skipped counter is 68."""
+    history = RunHistory.open(tmp_path, keep_runs=100)
+    store = _quick_store(history, interval="1s")
+    coordinator = SweepCoordinator(store, launch=lambda plan: ThreadWorker(plan, fake_guard(None)))
+    with caplog.at_level(logging.INFO):
+        for _ in range(68):
+            coordinator._skipped("previous sweep still running")  # what the schedule calls, from its timer
+        assert store.read().count(SweepResult.SKIPPED) == 68
+        assert read_recent(tmp_path, 100) == []  # no history write (of the served state) per skip
+        coordinator.stop()  # the burst ends as the service stops, if no sweep ended it before
+    history.close()
+    (run,) = read_recent(tmp_path, 100)
+    assert (run.kind, run.result) == ("skipped", "skipped")
+    assert run.reason == "previous sweep still running (68 scheduled sweeps skipped)"
+    (line,) = [r for r in caplog.records if "skipped" in r.getMessage()]
+    assert (line.getMessage(), line.__dict__["count"]) == ("sweep skipped", 68)
+    reopened = RunHistory.open(tmp_path, keep_runs=100)
+    restored = reopened.restore()
+    reopened.close()
+    assert restored is not None
+    assert restored[0].count(SweepResult.SKIPPED) == 68

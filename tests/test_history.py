@@ -269,6 +269,17 @@ def _directory(path: Path) -> None:
     path.mkdir()
 
 
+def _other_database_copied_in_after_a_checkpoint(path: Path) -> None:
+    """Another SQLite database written over the file in place once the WAL is checkpointed (the connection's
+    cache then still holds the history's pages)."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    other.close()
+    foreign = path.with_name("foreign.sqlite3")
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.commit()
+    path.write_bytes(foreign.read_bytes())
+
+
 @pytest.mark.parametrize(
     ("damage", "said", "runs_kept"),
     [
@@ -277,8 +288,9 @@ def _directory(path: Path) -> None:
         (_rename_over, "was replaced by another file", 2),
         (_directory, "is not a file any more", 2),
         (lambda path: path.unlink(), "was removed", 2),
+        (_other_database_copied_in_after_a_checkpoint, "is another program's database", 1),
     ],
-    ids=["garbage", "truncated", "renamed-over", "directory", "removed"],
+    ids=["garbage", "truncated", "renamed-over", "directory", "removed", "foreign-copied-in"],
 )
 def test_a_history_file_replaced_while_running_is_said_and_the_runs_land_at_the_path(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, said: str, runs_kept: int

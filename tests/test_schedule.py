@@ -9,6 +9,8 @@ import time
 import pytest
 
 from crossover_monitor.schedule import SweepScheduler, cron_problem, cron_trigger
+from tests.fakes import SteppedClock
+from tests.service import wait_until
 
 
 @pytest.mark.parametrize(
@@ -73,3 +75,84 @@ def test_first_sweep_runs_at_once_and_overlaps_are_skipped() -> None:
         release.set()
         scheduler.shutdown()
     assert not scheduler.running
+
+
+def test_a_wall_clock_step_forward_leaves_the_next_sweep_on_time_and_moves_its_wall_time() -> None:
+    """Issue 51 N3: the wall clock a day ahead, the monotonic clock not: the next sweep is as far off as it was (not
+    overdue by a day), its wall-clock time a day later, and the step is reported so that it is served."""
+    wall = SteppedClock()
+    ran = threading.Event()
+    seen: list[float | None] = []
+    scheduler = SweepScheduler(
+        job=ran.set,
+        on_skipped=lambda _: None,
+        interval_s=3600,
+        cron=None,
+        jitter_s=0,
+        clock=wall,
+        on_clock_step=lambda: seen.append(scheduler.next_run_at()),
+    )
+    scheduler.start()
+    try:
+        assert ran.wait(5)
+        before = scheduler.next_run_at()
+        assert before is not None
+        wall.offset = 86400
+        wait_until(lambda: bool(seen), 5, "the step to be seen")
+        left = scheduler.seconds_to_next()
+        assert left is not None
+        assert 3500 < left <= 3600
+        assert seen[0] == pytest.approx(before + 86400, abs=1)
+        assert scheduler.next_run_at() == pytest.approx(wall() + left, abs=1)
+    finally:
+        scheduler.shutdown()
+
+
+def test_a_wall_clock_step_back_delays_no_sweep() -> None:
+    """Issue 51 N6: after the wall clock steps back an hour, the next sweep still comes one interval (by the
+    monotonic clock) after the last, not an hour later."""
+    wall = SteppedClock()
+    runs: list[float] = []
+    scheduler = SweepScheduler(
+        job=lambda: runs.append(time.monotonic()),
+        on_skipped=lambda _: None,
+        interval_s=1.0,
+        cron=None,
+        jitter_s=0,
+        clock=wall,
+    )
+    scheduler.start()
+    try:
+        wait_until(lambda: len(runs) >= 1, 5, "the first sweep")
+        wall.offset = -3600
+        wait_until(lambda: len(runs) >= 3, 10, "two sweeps after the step")
+    finally:
+        scheduler.shutdown()
+    assert 0.5 < runs[2] - runs[1] < 2
+
+
+def test_a_cron_schedule_follows_the_wall_clock_when_it_steps() -> None:
+    """Issue 51 N3, N6: a crontab line names wall-clock times, so after a step its next time is read from the
+    new clock: at 02:00 '0 3 * * *' is an hour off; stepped to 02:59:58, it fires two seconds later."""
+    two_am = dt.datetime(2026, 12, 1, 2, tzinfo=dt.UTC).timestamp()
+    wall = SteppedClock(two_am - time.time())
+    runs: list[float] = []
+    scheduler = SweepScheduler(
+        job=lambda: runs.append(wall()),
+        on_skipped=lambda _: None,
+        interval_s=None,
+        cron="0 3 * * *",
+        jitter_s=0,
+        clock=wall,
+    )
+    scheduler.start()
+    try:
+        wait_until(lambda: len(runs) >= 1, 5, "the first sweep, at once")
+        left = scheduler.seconds_to_next()
+        assert left is not None
+        assert 3500 < left <= 3600
+        wall.offset += 3600 - 2 - (wall() - two_am)  # 02:59:58
+        wait_until(lambda: len(runs) >= 2, 10, "the 03:00 sweep")
+    finally:
+        scheduler.shutdown()
+    assert dt.datetime.fromtimestamp(runs[1], dt.UTC).strftime("%H:%M") == "03:00"
