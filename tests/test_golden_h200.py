@@ -46,6 +46,7 @@ ADDED_SINCE_RECORDING = {
     metrics.WORKER_MEMORY,
     metrics.POINTS_WITHHELD,  # points withheld alone (issue 32)
     metrics.USUAL_OTHER_LOAD,  # the node's usual load (issue 32)
+    metrics.LARGEST_FLOPS,  # the fleet profile's throughput (issue 52): held against the curve below
 }
 # Labels added after it (dcgm-exporter's join keys, issue 19): empty in the data it holds, so dropped here.
 LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id", "cpu_affinity", "driver_version"}
@@ -180,3 +181,16 @@ def test_exporter_renders_the_golden_scrape_again(golden: Samples) -> None:
     }
     expected = {k: v for k, v in golden.items() if k[0] not in VOLATILE}
     assert rendered == expected
+
+
+def test_the_largest_size_rate_is_the_golden_curves_largest_point(golden: Samples) -> None:
+    """matmul_largest_size_flops_per_second, rendered from the H200's data, is the GPU's rate at its largest size."""
+    state = _snapshot_from(golden)
+    body, _ = render(build_registry(lambda: state, backend="torch"), exposition_type(None))
+    largest = find(parse(body.decode()), "matmul_largest_size_flops_per_second")
+    assert {(_labels(key)["mode"], _labels(key)["size"]) for key in largest} == {
+        ("compute", "4096"),
+        ("end_to_end", "4096"),
+    }
+    for key, value in largest.items():
+        assert value == golden[("matmul_flops_per_second", key)]
