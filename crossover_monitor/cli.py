@@ -116,6 +116,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("file", metavar="FILE", nargs="?", help="the file (or give it with --config)")
     config_option(check, "the file, as the other commands take it")
     command("config-schema", "print the configuration's JSON Schema (for editors) and exit")
+    federation = command(
+        "check-federation", "check what a fleet's global Prometheus federates (its match[] selectors) and exit"
+    )
+    federation.add_argument("file", metavar="FILE", type=Path, help="the global Prometheus's configuration")
 
     history = command("history", "print the recent runs from the run history and exit")
     config_option(history, "the service's configuration (for history.directory)")
@@ -294,12 +298,36 @@ def _config_schema() -> int:
     return EXIT_OK
 
 
+def _check_federation(path: Path) -> int:
+    """Each federation job's match[] against what the global tier is for: exit 78 where one would bring the per-point
+    curve (or everything) to it."""
+    from crossover_monitor.federation import YamlFileError, check_file  # noqa: PLC0415 - only this command needs it
+
+    try:
+        found, jobs = check_file(path)
+    except YamlFileError as exc:
+        print(f"crossover-monitor: {path}: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    for finding in found:
+        where = f"job {finding.job}" + (f", match[] {finding.selector}" if finding.selector else "")
+        kind = "error" if finding.error else "warning"
+        print(f"{path}: {kind}: {where}: {finding.message}", file=sys.stderr)
+    if any(finding.error for finding in found):
+        return EXIT_CONFIG
+    if not jobs:
+        print(f"{path}: federates nothing (no job with metrics_path: /federate)")
+    elif not found:
+        print(f"{path}: federates only what the fleet tier reads")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     configure(args.log_format, args.log_level)
     # Commands with no configuration of their own (node-check is a client of the running service).
     standalone: dict[str, Callable[[], int]] = {
         "config-schema": _config_schema,
+        "check-federation": lambda: _check_federation(args.file),
         "node-check": lambda: _node_check(args),
     }
     if args.command in standalone:

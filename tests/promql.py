@@ -14,6 +14,8 @@ import yaml
 from tests.conftest import REPO, tool
 
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
+FLEET_RULES = REPO / "deploy" / "prometheus" / "fleet-rules.yml"  # the fleet tier's: one Prometheus loads both
+RULE_FILES = (RULES, FLEET_RULES)
 SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
 RULE_TESTS = REPO / "tests" / "prometheus"
 DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor.json"
@@ -23,10 +25,14 @@ ALERTS_DOC = REPO / "docs" / "alerts.md"
 METRIC_TOKEN = re.compile(r"matmul_[a-z_]+")
 
 
+def load_groups() -> list[dict[str, Any]]:
+    """Every group of deploy/prometheus/rules.yml and fleet-rules.yml, in that order."""
+    return [group for path in RULE_FILES for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]]
+
+
 def load_rules() -> list[dict[str, Any]]:
-    """Every rule of every group in deploy/prometheus/rules.yml."""
-    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
-    return [rule for group in document["groups"] for rule in group["rules"]]
+    """Every rule of every group in deploy/prometheus/rules.yml and fleet-rules.yml."""
+    return [rule for group in load_groups() for rule in group["rules"]]
 
 
 def recorded_names() -> set[str]:

@@ -20,7 +20,7 @@ from crossover_monitor.cli import _parser
 from crossover_monitor.coordinator import STOP_WAIT_S
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO
-from tests.promql import DASHBOARD, RULES, SCRAPE_EXAMPLE, promtool
+from tests.promql import DASHBOARD, FLEET_RULES, RULES, SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "kubernetes"
 GENERATOR = HERE / "generate.py"
@@ -244,22 +244,27 @@ def test_servicemonitor_scrapes_the_service_metrics_port() -> None:
     )
 
 
-def test_prometheusrule_carries_the_rules_file_groups() -> None:
-    """A monitoring.coreos.com/v1 PrometheusRule whose groups equal deploy/prometheus/rules.yml's."""
-    rule = load(HERE / "prometheusrule.yaml")
+RULE_MANIFESTS = [("prometheusrule.yaml", RULES), ("prometheusrule-fleet.yaml", FLEET_RULES)]
+
+
+@pytest.mark.parametrize(("manifest", "source"), RULE_MANIFESTS, ids=[name for name, _ in RULE_MANIFESTS])
+def test_prometheusrule_carries_the_rules_file_groups(manifest: str, source: Path) -> None:
+    """A monitoring.coreos.com/v1 PrometheusRule per rules file (the node's and the fleet tier's, so that a global
+    Prometheus can select the fleet's alone), whose groups equal that file's."""
+    rule = load(HERE / manifest)
     assert rule["apiVersion"] == "monitoring.coreos.com/v1"
     assert rule["kind"] == "PrometheusRule"
     assert rule["metadata"]["name"]
-    assert rule["spec"]["groups"] == load(RULES)["groups"]
+    assert rule["spec"]["groups"] == load(source)["groups"]
     assert all(group["name"] and group["rules"] for group in rule["spec"]["groups"])
+    assert manifest in load(HERE / "kustomization.yaml")["resources"]
 
 
-def test_prometheusrule_groups_pass_promtool(tmp_path: Path) -> None:
+@pytest.mark.parametrize("manifest", [name for name, _ in RULE_MANIFESTS])
+def test_prometheusrule_groups_pass_promtool(tmp_path: Path, manifest: str) -> None:
     """promtool check rules accepts the groups as the Prometheus Operator will hand them to Prometheus."""
     groups = tmp_path / "groups.yml"
-    groups.write_text(
-        yaml.safe_dump({"groups": load(HERE / "prometheusrule.yaml")["spec"]["groups"]}), encoding="utf-8"
-    )
+    groups.write_text(yaml.safe_dump({"groups": load(HERE / manifest)["spec"]["groups"]}), encoding="utf-8")
     result = promtool("check", "rules", groups)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -279,7 +284,7 @@ def test_generated_manifests_are_up_to_date() -> None:
 
 def copy_sources(root: Path) -> None:
     """A minimal repository under ``root``: the generator's sources and its output folder."""
-    for source in (RULES, DASHBOARD, EXAMPLE_CONFIG):
+    for source in (RULES, FLEET_RULES, DASHBOARD, EXAMPLE_CONFIG):
         target = root / source.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, target)

@@ -24,7 +24,7 @@ import yaml
 
 from crossover_monitor.model import SweepResult
 from tests.conftest import free_port
-from tests.promql import RULES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
+from tests.promql import RULE_FILES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
 from tests.service import RunningService, fake_config, stop_process, wait_until
 
 PROMETHEUS = shutil.which("prometheus")
@@ -100,13 +100,21 @@ class Stack:
 
 
 def _prometheus_config(tmp: Path, targets: list[str]) -> Path:
-    """The repository's scrape example with the targets rewritten, 1s intervals and the shipped rules."""
+    """The repository's scrape example with the targets rewritten, 1s intervals and the shipped rules, every group at
+    the 1s interval (a group's own, 5m, would wait up to 5 minutes for its first evaluation)."""
     example = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
     (job,) = example["scrape_configs"]
     job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": targets}])
+    rule_files = []
+    for source in RULE_FILES:
+        document = yaml.safe_load(source.read_text(encoding="utf-8"))
+        for group in document["groups"]:
+            group.pop("interval", None)
+        rule_files.append(tmp / source.name)
+        rule_files[-1].write_text(yaml.safe_dump(document), encoding="utf-8")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES)],
+        "rule_files": [str(path) for path in rule_files],
         "scrape_configs": [job],
     }
     path = tmp / "prometheus.yml"
@@ -251,7 +259,7 @@ def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Sta
         if more == history_only:
             break
         history_only = more
-    assert "instance_gpu:matmul_crossover_size:ln_move6h" in history_only  # read through ln_avg1d_before6h
+    assert "instance_gpu:matmul_crossover_timestamp_seconds:moved2h" in history_only  # reads the day before 2h
     for rule in rules:
         stack.query(rule["expr"])  # alerts are quiet on healthy services: evaluating without error is the point
         if "record" in rule and rule["record"] not in history_only | CHANGE_ONLY_RECORDINGS:
@@ -261,7 +269,7 @@ def test_every_rule_expression_evaluates_and_every_recording_has_data(stack: Sta
 
 
 def test_rules_are_loaded_and_healthy(stack: Stack) -> None:
-    """/api/v1/rules lists every rule of rules.yml with health ok and no error."""
+    """/api/v1/rules lists every rule of rules.yml and fleet-rules.yml with health ok and no error."""
     expected = {rule.get("record") or rule["alert"] for rule in load_rules()}
 
     def rules() -> list[dict[str, Any]]:

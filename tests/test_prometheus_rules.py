@@ -16,10 +16,11 @@ from crossover_monitor.metrics import EXPOSED_NAMES, METRICS
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.promql import (
     ALERTS_DOC,
+    RULE_FILES,
     RULE_TESTS,
-    RULES,
     SCRAPE_EXAMPLE,
     doc_anchors,
+    load_groups,
     load_rules,
     metric_names,
     promtool,
@@ -48,9 +49,10 @@ def _unit_test_params() -> list[Any]:
     ]
 
 
-def test_rules_file_passes_promtool_check() -> None:
-    """`promtool check rules` accepts deploy/prometheus/rules.yml."""
-    result = promtool("check", "rules", RULES)
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda path: path.name)
+def test_rules_file_passes_promtool_check(path: Path) -> None:
+    """`promtool check rules` accepts deploy/prometheus/rules.yml and fleet-rules.yml."""
+    result = promtool("check", "rules", path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -122,7 +124,7 @@ def test_scrape_example_is_a_valid_prometheus_config() -> None:
     result = promtool("check", "config", SCRAPE_EXAMPLE)
     assert result.returncode == 0, result.stdout + result.stderr
     config = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
-    assert config["rule_files"] == [RULES.name]
+    assert config["rule_files"] == [path.name for path in RULE_FILES]
     (job,) = config["scrape_configs"]
     assert job["job_name"] == "crossover-monitor"
     assert job["scrape_interval"] in {"15s", "20s", "30s"}
@@ -130,9 +132,10 @@ def test_scrape_example_is_a_valid_prometheus_config() -> None:
     assert [t.rsplit(":", 1)[1] for t in targets] == [str(DEFAULT_PORT)]
 
 
-def test_rules_file_is_plain_prometheus_rule_groups() -> None:
-    """rules.yml holds only `groups:` (no Kubernetes wrapper), each with a name and rules."""
-    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda path: path.name)
+def test_rules_file_is_plain_prometheus_rule_groups(path: Path) -> None:
+    """rules.yml and fleet-rules.yml hold only `groups:` (no Kubernetes wrapper), each with a name and rules."""
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
     assert list(document) == ["groups"]
     assert all({"name", "rules"} <= set(group) for group in document["groups"])
 
@@ -217,8 +220,7 @@ def later_reads(groups: list[dict[str, Any]]) -> list[str]:
 def test_no_rule_reads_a_series_its_group_records_after_it() -> None:
     """Issue 52: a rule that reads one its group evaluates later sees the previous evaluation's value, and none at all
     where the group's interval is past the 5-minute lookback (the ambiguous-sweeps drift alert could then not fire)."""
-    document = yaml.safe_load(RULES.read_text(encoding="utf-8"))
-    assert later_reads(document["groups"]) == []
+    assert later_reads(load_groups()) == []
     # The check itself finds such a rule.
     backwards = [{"name": "g", "rules": [{"record": "a:b:c", "expr": "x:y:z + 1"}, {"record": "x:y:z", "expr": "1"}]}]
     assert later_reads(backwards) == ["g: a:b:c reads x:y:z"]
@@ -242,3 +244,44 @@ def test_every_metric_an_alert_reads_is_in_the_fleet_profile() -> None:
     for alert in (rule for rule in rules if "alert" in rule):
         text = str(alert["expr"]) + " ".join(str(v) for v in alert.get("annotations", {}).values())
         assert read_by(text, set()) - fleet == set(), alert["alert"]
+
+
+def _interval_s(group: dict[str, Any]) -> float:
+    """A group's interval in seconds (Prometheus's global one, taken as 30 s, where it sets none)."""
+    text = str(group.get("interval", "30s"))
+    return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600}[text[-1]]
+
+
+def unguarded_reads(groups: list[dict[str, Any]]) -> list[str]:
+    """Each read of a series another group records that is not through last_over_time over more than that group's
+    interval, as 'group: rule reads name'."""
+    recorder = {str(rule["record"]): group for group in groups for rule in group["rules"] if "record" in rule}
+    found = []
+    for group in groups:
+        for rule in group["rules"]:
+            expr = str(rule["expr"])
+            for name in sorted(set(NAME_TOKEN.findall(expr)) & set(recorder)):
+                other = recorder[name]
+                if other is group or (other.get("interval") is None and group.get("interval") is not None):
+                    continue  # its own group's, or the global interval's (it is fresher than any slower group's)
+                windows = re.findall(rf"last_over_time\({re.escape(name)}(?:{{[^}}]*}})?\[(\d+)([smh])\]\)", expr)
+                guarded = (
+                    windows
+                    and all(float(n) * {"s": 1, "m": 60, "h": 3600}[unit] > _interval_s(other) for n, unit in windows)
+                    and len(windows) == expr.count(name)
+                )
+                if not guarded:
+                    found.append(f"{group['name']}: {rule.get('record') or rule.get('alert')} reads {name}")
+    return found
+
+
+def test_a_group_reads_a_slower_groups_series_through_last_over_time() -> None:
+    """Issue 52: an alert read a baseline a slower group recorded as an instant vector, older than the 5-minute
+    lookback for most of that group's interval; each such read now spans more than that group's interval."""
+    assert unguarded_reads(load_groups()) == []
+    slow = {"name": "slow", "interval": "15m", "rules": [{"record": "a:b:c", "expr": "1"}]}
+    fast = {
+        "name": "fast",
+        "rules": [{"alert": "A", "expr": "a:b:c > 0"}, {"alert": "B", "expr": "last_over_time(a:b:c[20m]) > 0"}],
+    }
+    assert unguarded_reads([slow, fast]) == ["fast: A reads a:b:c"]

@@ -3,6 +3,7 @@
 
     configmap.yaml                    <- deploy/config.example.yaml
     prometheusrule.yaml               <- deploy/prometheus/rules.yml
+    prometheusrule-fleet.yaml         <- deploy/prometheus/fleet-rules.yml
     grafana-dashboard-configmap.yaml  <- grafana/dashboards/crossover-monitor.json
 
 Run it after changing a source: `python deploy/kubernetes/generate.py`. With --check it writes
@@ -76,16 +77,25 @@ def service_config(text: str) -> dict[str, Any]:
     }
 
 
-def prometheus_rule(text: str) -> dict[str, Any]:
+def _prometheus_rule(name: str, text: str) -> dict[str, Any]:
     rules = yaml.safe_load(text)
     if not isinstance(rules, dict) or not isinstance(rules.get("groups"), list):
         raise SourceError("it has no top-level 'groups' list")
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": NAME, "labels": dict(LABELS)},
+        "metadata": {"name": name, "labels": dict(LABELS)},
         "spec": {"groups": rules["groups"]},
     }
+
+
+def prometheus_rule(text: str) -> dict[str, Any]:
+    return _prometheus_rule(NAME, text)
+
+
+def fleet_prometheus_rule(text: str) -> dict[str, Any]:
+    # Its own object, so that a sharded fleet's global Prometheus can select it alone (docs/fleet.md).
+    return _prometheus_rule(f"{NAME}-fleet", text)
 
 
 def dashboard(text: str) -> dict[str, Any]:
@@ -104,6 +114,7 @@ def dashboard(text: str) -> dict[str, Any]:
 OUTPUTS = (
     Output(HERE / "configmap.yaml", Path("deploy/config.example.yaml"), service_config),
     Output(HERE / "prometheusrule.yaml", Path("deploy/prometheus/rules.yml"), prometheus_rule),
+    Output(HERE / "prometheusrule-fleet.yaml", Path("deploy/prometheus/fleet-rules.yml"), fleet_prometheus_rule),
     Output(HERE / "grafana-dashboard-configmap.yaml", Path("grafana/dashboards/crossover-monitor.json"), dashboard),
 )
 
