@@ -474,7 +474,7 @@ def _values(samples: Sequence[float | None]) -> str:
     return " ".join(tokens)
 
 
-def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path = RULES) -> str:
+def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path = RULES, evaluation_s: int = 300) -> str:
     """A promtool test file: every run's served series (instance = run name), and ALERTS queried at the end."""
     series = []
     for instance, served in runs.items():
@@ -496,24 +496,29 @@ def rule_test(runs: dict[str, list[Served]], plant_at: int | None, rules: Path =
             )
     sweeps = max(len(s) for s in runs.values())
     end = sweeps * SWEEP_S
-    onset = f'(ALERTS{{alertname="{ALERT}",alertstate="firing"}} unless ALERTS{{alertname="{ALERT}",alertstate="firing"}} offset 5m)'
+    # promtool evaluates every group at the file's evaluation_interval (a group's own interval is not honoured):
+    # ``evaluation_s`` stands for the interval of the group the drift alerts are in.
+    onset = (
+        f'(ALERTS{{alertname="{ALERT}",alertstate="firing"}}'
+        f' unless ALERTS{{alertname="{ALERT}",alertstate="firing"}} offset {evaluation_s}s)'
+    )
     # Each answer carries a label "q" naming its question, so that promtool's report can be read back.
     # Over both MatmulCrossoverDrift rules (the 2-hour one carries window="2h"): every onset counts, the first
     # of either is when a user hears of it.
     questions = {
-        "count": f"sum by (instance, mode) (count_over_time({onset}[{end}s:5m]))",
-        "first": f"min by (instance, mode) (min_over_time(timestamp({onset})[{end}s:5m]))",
+        "count": f"sum by (instance, mode) (count_over_time({onset}[{end}s:{evaluation_s}s]))",
+        "first": f"min by (instance, mode) (min_over_time(timestamp({onset})[{end}s:{evaluation_s}s]))",
     }
     if plant_at is not None:
         since = end - plant_at * SWEEP_S
-        questions["after"] = f"min by (instance, mode) (min_over_time(timestamp({onset})[{since}s:5m]))"
+        questions["after"] = f"min by (instance, mode) (min_over_time(timestamp({onset})[{since}s:{evaluation_s}s]))"
     tests = [
         {"expr": f'label_replace({expr}, "q", "{name}", "", "")', "eval_time": f"{end}s", "exp_samples": []}
         for name, expr in questions.items()
     ]
     document = {
         "rule_files": [str(rules)],
-        "evaluation_interval": "5m",
+        "evaluation_interval": f"{evaluation_s}s",
         "tests": [{"interval": "5m", "input_series": series, "promql_expr_test": tests}],
     }
     return json.dumps(document)  # JSON is YAML
@@ -561,6 +566,7 @@ def replay(
     rules: Path = RULES,
     as_recorded: bool = False,
     unjudged: bool = False,
+    evaluation_s: int = 300,
 ) -> dict[str, Any]:
     """``runs`` simulated periods of ``days``: onsets of the drift alert per run and mode, delays, coverage."""
     sweeps = round(days * 86400 / SWEEP_S)
@@ -580,7 +586,7 @@ def replay(
     first: dict[tuple[str, str], float] = {}
     after: dict[tuple[str, str], float] = {}
     for name, sequence in served.items():
-        answers = run_promtool(rule_test({name: sequence}, plant_at, rules))
+        answers = run_promtool(rule_test({name: sequence}, plant_at, rules, evaluation_s))
         count |= answers["count"]
         first |= answers["first"]
         after |= answers["after"]
@@ -665,6 +671,14 @@ def main() -> None:
     )
     parser.add_argument("--young-starts", type=int, default=200, help="fresh services whose first sweeps are drawn")
     parser.add_argument("--young-only", action="store_true", help="only the fresh services' coverage, no promtool")
+    parser.add_argument(
+        "--evaluation-interval",
+        type=int,
+        default=300,
+        metavar="SECONDS",
+        help="how often the drift alerts' group is evaluated (default 300: the baselines group's 5m; the sweeps are "
+        "sampled every 5m whatever it is)",
+    )
     args = parser.parse_args()
     if args.move_share is not None:
         crossover_module._MOVE_SHARE = args.move_share  # noqa: SLF001 - an experiment on the constant, not a setting
@@ -678,6 +692,7 @@ def main() -> None:
         "rules": args.rules.resolve(),
         "as_recorded": args.as_recorded,
         "unjudged": args.unjudged,
+        "evaluation_s": args.evaluation_interval,
     }
     young = young_coverage(idle, args.young_starts, args.seed, unjudged=args.unjudged)
     for mode, (inside, pairs) in young.items():
@@ -700,6 +715,7 @@ def main() -> None:
         "as_recorded": args.as_recorded,
         "keep_withheld": args.keep_withheld,
         "unjudged": args.unjudged,
+        "evaluation_interval_s": args.evaluation_interval,
     }
     text = json.dumps(report, indent=1)
     if args.out:
