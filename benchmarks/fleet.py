@@ -482,6 +482,15 @@ class RulesInfo:
 SELECTOR = re.compile(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*(?:\{[^}]*\})?\s*(\[|offset\b)")
 
 
+def _recording_interval(path: Path, scrape_s: float) -> float:
+    """The interval of the group that records n* as a logarithm (the windows' input), as ``path`` gives it; the
+    scrape interval where it gives none."""
+    for group in yaml.safe_load(path.read_text(encoding="utf-8")).get("groups", []):
+        if any(rule.get("record") == "instance_gpu:matmul_crossover_size:ln" for rule in group.get("rules", [])):
+            return _seconds(str(group["interval"])) if group.get("interval") else scrape_s
+    return scrape_s
+
+
 def read_rules(path: Path) -> RulesInfo:
     """The groups of ``path`` and the metric names its expressions read over a range (``name[1d]``) or at an
     offset (``name offset 6h``): those need a sample every scrape interval in the history."""
@@ -541,8 +550,9 @@ class SimNode:
     dense: list[int] = dataclasses.field(default_factory=list)
     sparse: list[int] = dataclasses.field(default_factory=list)
     prefixes: list[str] = dataclasses.field(default_factory=list)
-    cached: tuple[int, list[str], list[str]] | None = None
+    cached: tuple[int, list[str], list[str], list[str]] | None = None
     sparse_written: int = -1
+    recorded_slot: int = -1
 
     def sweep_at(self, t: float) -> int:
         return max(0, bisect.bisect_right(self.finished, t) - 1)
@@ -657,6 +667,9 @@ class Recorder:
 
     names: set[str]
     copies: dict[str, str]
+    # How often the rules record them (their group's interval as --rules gives it): a day of a series recorded
+    # every 5 minutes is 288 samples, and a window over it reads those, not the 2,880 of a 30 s scrape.
+    every_s: float = 0.0
 
     # One branch per recorded series it knows.
     def series(self, node: SimNode, k: int, values: list[float]) -> list[tuple[str, float]]:  # noqa: PLR0912
@@ -759,16 +772,16 @@ def _moved(node: SimNode, k: int, i: int) -> bool:
     return (ln(k) - baseline) * math.copysign(1.0, move) > MOVED_THRESHOLD if move else False
 
 
-def _heads(node: SimNode, k: int, recorder: Recorder) -> tuple[list[str], list[str]]:
-    """Sweep ``k``'s dense and sparse lines of ``node`` without their timestamps."""
+def _heads(node: SimNode, k: int, recorder: Recorder) -> tuple[list[str], list[str], list[str]]:
+    """Sweep ``k``'s dense, recorded and sparse lines of ``node`` without their timestamps."""
     if node.cached is not None and node.cached[0] == k:
-        return node.cached[1], node.cached[2]
+        return node.cached[1], node.cached[2], node.cached[3]
     values = node.values(k)
     dense = [f"{node.prefixes[i]} {values[i]!r}" for i in node.dense]
-    dense += [f"{text} {value!r}" for text, value in recorder.series(node, k, values)]
+    recorded = [f"{text} {value!r}" for text, value in recorder.series(node, k, values)]
     sparse = [f"{node.prefixes[i]} {values[i]!r}" for i in node.sparse]
-    node.cached = (k, dense, sparse)
-    return dense, sparse
+    node.cached = (k, dense, recorded, sparse)
+    return dense, recorded, sparse
 
 
 def write_chunk(
@@ -785,10 +798,14 @@ def write_chunk(
                 if not start <= at < stop:
                     continue
                 k = node.sweep_at(at)
-                dense, sparse = _heads(node, k, recorder)
+                dense, recorded, sparse = _heads(node, k, recorder)
                 stamp = f" {at:.3f}\n"
-                lines = dense + sparse if node.sparse_written != k else dense
+                lines = dense + sparse if node.sparse_written != k else list(dense)
                 node.sparse_written = k
+                slot = math.floor(at / recorder.every_s) if recorder.every_s > scrape_s else math.floor(at / scrape_s)
+                if slot != node.recorded_slot:  # at the rules' own cadence, as their group writes them
+                    lines += recorded
+                    node.recorded_slot = slot
                 if lines:
                     parts.append(stamp.join(lines) + stamp)
                     count += len(lines)
@@ -1673,7 +1690,7 @@ def measure_scales(args: argparse.Namespace, evaluated: Path) -> int:
     setup = Setup(
         rules=evaluated,
         rules_info=rules_info,
-        recorder=Recorder(writable & needed, copies),
+        recorder=Recorder(writable & needed, copies, _recording_interval(args.rules, args.scrape_interval)),
         base=base,
         backend=backend,
         ratios=idle_ratios(args.spreads),
