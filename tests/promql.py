@@ -19,6 +19,7 @@ RULE_FILES = (RULES, FLEET_RULES)
 SCRAPE_EXAMPLE = REPO / "deploy" / "prometheus" / "scrape-config.example.yml"
 RULE_TESTS = REPO / "tests" / "prometheus"
 DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor.json"
+FLEET_DASHBOARD = REPO / "grafana" / "dashboards" / "crossover-monitor-fleet.json"  # for a fleet's central store
 ALERTS_DOC = REPO / "docs" / "alerts.md"
 
 # A metric name of the exporter, as it appears in an expression.

@@ -20,7 +20,7 @@ from crossover_monitor.cli import _parser
 from crossover_monitor.coordinator import STOP_WAIT_S
 from crossover_monitor.settings import DEFAULT_PORT
 from tests.conftest import REPO
-from tests.promql import DASHBOARD, FLEET_RULES, RULES, SCRAPE_EXAMPLE, promtool
+from tests.promql import DASHBOARD, FLEET_DASHBOARD, FLEET_RULES, RULES, SCRAPE_EXAMPLE, promtool
 
 HERE = REPO / "deploy" / "kubernetes"
 GENERATOR = HERE / "generate.py"
@@ -269,11 +269,27 @@ def test_prometheusrule_groups_pass_promtool(tmp_path: Path, manifest: str) -> N
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar() -> None:
-    """The dashboard ConfigMap has the sidecar's label and the dashboard JSON byte for byte."""
-    configmap = load(HERE / "grafana-dashboard-configmap.yaml")
+DASHBOARD_MANIFESTS = [
+    ("grafana-dashboard-configmap.yaml", DASHBOARD),
+    ("grafana-dashboard-fleet-configmap.yaml", FLEET_DASHBOARD),
+]
+
+
+@pytest.mark.parametrize(("manifest", "source"), DASHBOARD_MANIFESTS, ids=[name for name, _ in DASHBOARD_MANIFESTS])
+def test_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar(manifest: str, source: Path) -> None:
+    """Each dashboard's ConfigMap (the node's and the fleet's) has the sidecar's label, is applied by the
+    kustomization, and carries its dashboard JSON byte for byte under the dashboard's file name."""
+    configmap = load(HERE / manifest)
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert configmap["data"] == {DASHBOARD.name: DASHBOARD.read_text(encoding="utf-8")}
+    assert configmap["data"] == {source.name: source.read_text(encoding="utf-8")}
+    assert manifest in load(HERE / "kustomization.yaml")["resources"]
+
+
+def test_the_two_dashboard_configmaps_do_not_overwrite_each_other() -> None:
+    """Distinct ConfigMap names, and distinct data keys: the sidecar writes every key into one folder."""
+    configmaps = [load(HERE / manifest) for manifest, _ in DASHBOARD_MANIFESTS]
+    assert len({c["metadata"]["name"] for c in configmaps}) == len(configmaps)
+    assert len({key for c in configmaps for key in c["data"]}) == len(configmaps)
 
 
 def test_generated_manifests_are_up_to_date() -> None:
@@ -284,7 +300,7 @@ def test_generated_manifests_are_up_to_date() -> None:
 
 def copy_sources(root: Path) -> None:
     """A minimal repository under ``root``: the generator's sources and its output folder."""
-    for source in (RULES, FLEET_RULES, DASHBOARD, EXAMPLE_CONFIG):
+    for source in (RULES, FLEET_RULES, DASHBOARD, FLEET_DASHBOARD, EXAMPLE_CONFIG):
         target = root / source.relative_to(REPO)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(source, target)

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Write the Kubernetes manifests that carry another file of the repository, so each has one source.
 
-    configmap.yaml                    <- deploy/config.example.yaml
-    prometheusrule.yaml               <- deploy/prometheus/rules.yml
-    prometheusrule-fleet.yaml         <- deploy/prometheus/fleet-rules.yml
-    grafana-dashboard-configmap.yaml  <- grafana/dashboards/crossover-monitor.json
+    configmap.yaml                          <- deploy/config.example.yaml
+    prometheusrule.yaml                     <- deploy/prometheus/rules.yml
+    prometheusrule-fleet.yaml               <- deploy/prometheus/fleet-rules.yml
+    grafana-dashboard-configmap.yaml        <- grafana/dashboards/crossover-monitor.json
+    grafana-dashboard-fleet-configmap.yaml  <- grafana/dashboards/crossover-monitor-fleet.json
 
 Run it after changing a source: `python deploy/kubernetes/generate.py`. With --check it writes
 nothing and exits 1 if a manifest is out of date. Needs only the standard library and PyYAML.
@@ -98,17 +99,26 @@ def fleet_prometheus_rule(text: str) -> dict[str, Any]:
     return _prometheus_rule(f"{NAME}-fleet", text)
 
 
-def dashboard(text: str) -> dict[str, Any]:
+def _dashboard(name: str, key: str, text: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {
-            "name": f"{NAME}-dashboard",
+            "name": name,
             # The Grafana sidecar (kube-prometheus-stack's default) loads ConfigMaps with this label.
             "labels": {**LABELS, "grafana_dashboard": "1"},
         },
-        "data": {"crossover-monitor.json": text},
+        "data": {key: text},
     }
+
+
+def dashboard(text: str) -> dict[str, Any]:
+    return _dashboard(f"{NAME}-dashboard", "crossover-monitor.json", text)
+
+
+def fleet_dashboard(text: str) -> dict[str, Any]:
+    # Its own ConfigMap and file name: the sidecar writes every data key into one folder, so the keys must differ.
+    return _dashboard(f"{NAME}-fleet-dashboard", "crossover-monitor-fleet.json", text)
 
 
 OUTPUTS = (
@@ -116,6 +126,11 @@ OUTPUTS = (
     Output(HERE / "prometheusrule.yaml", Path("deploy/prometheus/rules.yml"), prometheus_rule),
     Output(HERE / "prometheusrule-fleet.yaml", Path("deploy/prometheus/fleet-rules.yml"), fleet_prometheus_rule),
     Output(HERE / "grafana-dashboard-configmap.yaml", Path("grafana/dashboards/crossover-monitor.json"), dashboard),
+    Output(
+        HERE / "grafana-dashboard-fleet-configmap.yaml",
+        Path("grafana/dashboards/crossover-monitor-fleet.json"),
+        fleet_dashboard,
+    ),
 )
 
 
