@@ -24,7 +24,7 @@ import yaml
 
 from crossover_monitor.model import SweepResult
 from tests.conftest import free_port
-from tests.promql import RULE_FILES, SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules
+from tests.promql import SCRAPE_EXAMPLE, dashboard_panels, load_dashboard, load_rules, rule_files_every
 from tests.service import RunningService, fake_config, stop_process, wait_until
 
 PROMETHEUS = shutil.which("prometheus")
@@ -105,13 +105,7 @@ def _prometheus_config(tmp: Path, targets: list[str]) -> Path:
     example = yaml.safe_load(SCRAPE_EXAMPLE.read_text(encoding="utf-8"))
     (job,) = example["scrape_configs"]
     job.update(scrape_interval="1s", scrape_timeout="1s", static_configs=[{"targets": targets}])
-    rule_files = []
-    for source in RULE_FILES:
-        document = yaml.safe_load(source.read_text(encoding="utf-8"))
-        for group in document["groups"]:
-            group.pop("interval", None)
-        rule_files.append(tmp / source.name)
-        rule_files[-1].write_text(yaml.safe_dump(document), encoding="utf-8")
+    rule_files = rule_files_every(tmp)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(path) for path in rule_files],

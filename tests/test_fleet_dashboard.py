@@ -30,7 +30,6 @@ from tests.nodes import BACKEND, node_state
 from tests.promql import (
     DASHBOARD,
     FLEET_DASHBOARD,
-    RULE_FILES,
     SCRAPE_EXAMPLE,
     dashboard_expressions,
     dashboard_panels,
@@ -38,6 +37,7 @@ from tests.promql import (
     load_rules,
     metric_names,
     recorded_names,
+    rule_files_every,
 )
 from tests.service import stop_process, wait_until
 
@@ -313,13 +313,7 @@ def _prometheus_config(tmp: Path, targets: list[str]) -> Path:
     job.update(
         scrape_interval="1s", scrape_timeout="1s", params={"profile": ["fleet"]}, static_configs=[{"targets": targets}]
     )
-    rule_files = []
-    for source in RULE_FILES:
-        document = yaml.safe_load(source.read_text(encoding="utf-8"))
-        for group in document["groups"]:
-            group.pop("interval", None)
-        rule_files.append(tmp / source.name)
-        rule_files[-1].write_text(yaml.safe_dump(document), encoding="utf-8")
+    rule_files = rule_files_every(tmp)
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(path) for path in rule_files],

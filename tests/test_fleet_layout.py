@@ -37,7 +37,7 @@ import yaml
 from crossover_monitor.metrics import METRICS, render_state
 from crossover_monitor.model import ServiceState
 from tests.conftest import REPO
-from tests.promql import FLEET_RULES, RULES
+from tests.promql import rule_files_every
 from tests.service import stop_process, wait_until
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -246,20 +246,11 @@ class Prometheus:
         stop_process(self.process)
 
 
-def _fast(document: dict[str, Any], work: Path, name: str) -> str:
-    """A rules file as shipped but every group every 5 s: the test cannot wait for a 5-minute group."""
-    for group in document["groups"]:
-        group["interval"] = "5s"
-    path = work / name
-    path.write_text(yaml.safe_dump(document), encoding="utf-8")
-    return str(path)
-
-
 def shard_config(index: int, nodes: list[Node], work: Path) -> dict[str, Any]:
     """deploy/prometheus/fleet/shard.yml for shard ``index``, every node as a target, 2 s scrapes."""
     config = yaml.safe_load((LAYOUT / "shard.yml").read_text(encoding="utf-8"))
     config["global"] = {"scrape_interval": "2s", "evaluation_interval": "5s", "external_labels": {"shard": str(index)}}
-    config["rule_files"] = [_fast(yaml.safe_load(RULES.read_text(encoding="utf-8")), work, f"rules-{index}.yml")]
+    config["rule_files"] = [str(rule_files_every(work, "5s")[0])]  # rules.yml, every group every 5 s
     (job,) = config["scrape_configs"]
     job.update(scrape_interval="2s", scrape_timeout="2s")
     job["static_configs"] = [{"targets": [f"{node.address}:{node.port}" for node in nodes]}]
@@ -273,7 +264,7 @@ def global_config(shards: list[Prometheus], work: Path) -> dict[str, Any]:
     """deploy/prometheus/fleet/global.yml over ``shards``, 2 s federation."""
     config = yaml.safe_load((LAYOUT / "global.yml").read_text(encoding="utf-8"))
     config["global"] = {"scrape_interval": "2s", "evaluation_interval": "5s"}
-    config["rule_files"] = [_fast(yaml.safe_load(FLEET_RULES.read_text(encoding="utf-8")), work, "fleet-rules.yml")]
+    config["rule_files"] = [str(rule_files_every(work, "5s")[1])]  # fleet-rules.yml, every group every 5 s
     (job,) = config["scrape_configs"]
     job.update(scrape_interval="2s", scrape_timeout="2s")
     job["static_configs"] = [{"targets": [f"127.0.0.1:{shard.port}" for shard in shards]}]
