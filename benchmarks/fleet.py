@@ -159,6 +159,14 @@ RECORDED_EXPRESSIONS = {
             "avg_over_time(instance_gpu:matmul_crossover_size:ln[1d] offset 2h))) > on () group_left () "
             "ln(1 + 0.75 * matmul:crossover_drift_threshold:ratio) )"
         ),
+        # The same with the day before recorded once an evaluation (issue 52, after the split).
+        (
+            "instance_gpu:matmul_crossover_timestamp_seconds:found and ( (instance_gpu:matmul_crossover_size:ln - "
+            "instance_gpu:matmul_crossover_size:ln_avg1d_before2h) * "
+            "sgn((avg_over_time(instance_gpu:matmul_crossover_size:ln[2h]) - "
+            "instance_gpu:matmul_crossover_size:ln_avg1d_before2h)) > on () group_left () "
+            "ln(1 + 0.75 * matmul:crossover_drift_threshold:ratio) )"
+        ),
     ),
     "instance_device:matmul_flops_per_second:largest_size": (
         (
