@@ -674,9 +674,9 @@ def main() -> None:
     parser.add_argument(
         "--evaluation-interval",
         type=int,
-        default=300,
+        default=600,
         metavar="SECONDS",
-        help="how often the drift alerts' group is evaluated (default 300: the baselines group's 5m; the sweeps are "
+        help="how often the drift alerts' group is evaluated (default 600: the baselines group's 10m; the sweeps are "
         "sampled every 5m whatever it is)",
     )
     args = parser.parse_args()
