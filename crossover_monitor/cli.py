@@ -23,6 +23,7 @@ from crossover_monitor.errors import (
     EXIT_OK,
     EXIT_START,
     EXIT_WITHHELD,
+    PLOT_EXTRA_HINT,
     ConfigError,
     StartupError,
 )
@@ -157,13 +158,14 @@ def _parser() -> argparse.ArgumentParser:
         "schedules slower than 45m)",
     )
 
-    plot = command("plot", "chart the latest sweep, time against size (needs the plot extra)")
+    plot = command("plot", "chart the latest sweep, time against size (.svg; .png needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
     source.add_argument(
         "--from-url", metavar="URL", help=f"a running service's metrics, e.g. http://HOST:{DEFAULT_PORT}/metrics"
     )
-    plot.add_argument("output", metavar="OUTPUT", type=Path, help="the chart to write, .png or .svg")
+    chart_help = f"the chart to write: .svg, or .png with matplotlib ({PLOT_EXTRA_HINT})"
+    plot.add_argument("output", metavar="OUTPUT", type=Path, help=chart_help)
     return parser
 
 
@@ -258,7 +260,8 @@ def _node_check(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from crossover_monitor.plot import PlotError, plot  # noqa: PLC0415 - matplotlib is an optional extra
+    from crossover_monitor.chart import PlotError  # noqa: PLC0415 - only this command draws charts
+    from crossover_monitor.plot import plot  # noqa: PLC0415 - only this command draws charts
 
     try:
         written = plot(args.output, json_file=args.from_json, url=args.from_url)

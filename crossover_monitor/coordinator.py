@@ -1,4 +1,4 @@
-"""The sweeps: on the schedule, the busy-GPU retries between them and manual ones, one worker at a time.
+"""The sweeps: on the schedule, the retries of withheld devices between them and manual ones, one worker at a time.
 
 Each is planned from the configuration the store holds, and its outcome handed to the store as it ends
 (``crossover_monitor.state``: served and written to the run history in one step).
@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from crossover_monitor.model import SweepOutcome, SweepResult, gpu_cpu_pairs
+from crossover_monitor.model import SweepOutcome, SweepResult, retry_devices
 from crossover_monitor.preflight import host_problem
 from crossover_monitor.protocol import Plan
 from crossover_monitor.schedule import SweepScheduler
@@ -59,6 +59,13 @@ class SweepCoordinator:
         self._sweep_started: float | None = None
         self._worker_lock = threading.Lock()
         self._given_up: set[str] = set()  # devices with a fatal failure: not retried until restart
+        # What the runs cost, in the worker's CPU-seconds: the latest scheduled sweep that measured (a sweep's cost,
+        # the retries' budget an interval), the retries since the latest scheduled sweep, and the latest run (what
+        # the next retry is expected to cost; None: unknown).
+        self._sweep_cpu_s: float | None = None
+        self._retries_cpu_s = 0.0
+        self._last_run_cpu_s: float | None = None
+        self._retries_paused = False  # said once an interval
         schedule = store.settings.schedule
         self._scheduler = SweepScheduler(
             job=self._sweep,
@@ -148,15 +155,17 @@ class SweepCoordinator:
         self._run_worker(self._plan(self._store.settings.benchmark), retry=False)
         self._note_next_sweep()
 
-    def _retry_busy(self) -> None:
-        """Time again, with the CPU beside them, the GPUs the latest sweep left out as busy."""
+    def _retry_withheld(self) -> None:
+        """Time again the devices the latest sweep withheld whole for other work that may have passed: a GPU with
+        the CPU beside it, a CPU with the GPUs compared against it."""
+        self._store.record_next_retry(None)
         latest = self._store.read().latest
-        busy = latest.gpus_to_retry if latest else ()
-        if not busy or latest is None:
+        retried = latest.devices_to_retry if latest else ()
+        if not retried or latest is None:
             return
-        cpus = [cpu.device for cpu, gpus in gpu_cpu_pairs(latest.devices) if {g.device for g in gpus} & set(busy)]
         # It names some GPUs only: the rest are not missing.
-        bench = dataclasses.replace(self._store.settings.benchmark, devices=(*cpus, *busy), expect_gpus=0)
+        devices = retry_devices(latest.devices, retried)
+        bench = dataclasses.replace(self._store.settings.benchmark, devices=devices, expect_gpus=0)
         self._run_worker(self._plan(bench, retry=True), retry=True)
 
     def _plan(self, bench: BenchmarkSettings, *, retry: bool = False) -> Plan:
@@ -179,7 +188,7 @@ class SweepCoordinator:
             return
         # One worker at a time: a retry never runs beside a sweep; a sweep waits for a retry to end.
         if not self._worker_lock.acquire(blocking=not retry):
-            log.info("retry of busy GPUs skipped: a sweep is running")
+            log.info("retry of withheld devices skipped: a sweep is running")
             return
         if self._stopping.is_set():  # it waited for a retry while the service began to stop
             self._worker_lock.release()
@@ -201,6 +210,7 @@ class SweepCoordinator:
             failed = SweepOutcome(
                 result=SweepResult.FAILED, started_at=started_at, finished_at=finished_at, reason=reason
             )
+            self._count_cost(failed, retry=retry)
             if retry:
                 self._store.record_retry(failed)
             else:
@@ -213,7 +223,7 @@ class SweepCoordinator:
         try:
             self._schedule_retry()
         except Exception:  # e.g. the scheduler stopped meanwhile: the next sweep measures them anyway
-            log.exception("could not schedule a retry of busy GPUs")
+            log.exception("could not schedule a retry of withheld devices")
 
     def _skipped(self, reason: str) -> None:
         """A scheduled sweep due while one runs: counted (and served) now; the history and the log get the burst
@@ -246,8 +256,19 @@ class SweepCoordinator:
             monotonic=self._monotonic,
         )
 
+    def _count_cost(self, outcome: SweepOutcome, *, retry: bool) -> None:
+        cost = outcome.snapshot.worker_cpu_seconds if outcome.snapshot is not None else None
+        self._last_run_cpu_s = cost
+        if retry:
+            self._retries_cpu_s += cost or 0.0
+            return
+        self._retries_cpu_s, self._retries_paused = 0.0, False
+        if outcome.result.measured and cost is not None:
+            self._sweep_cpu_s = cost
+
     def _record(self, outcome: SweepOutcome, *, retry: bool) -> None:
         self._give_up_on_fatal(outcome)
+        self._count_cost(outcome, retry=retry)
         fields: dict[str, object] = {"result": outcome.result.value, "duration_s": round(outcome.duration_s, 3)}
         problem = outcome.snapshot.gpu_problem if outcome.snapshot is not None else None
         if problem and problem not in outcome.reason:  # the no_gpu state's cause and fix (once: expect_gpus says it)
@@ -267,17 +288,44 @@ class SweepCoordinator:
             log.error("sweep failed", extra={**fields, "reason": outcome.reason})
 
     def _schedule_retry(self) -> None:
-        """While GPUs are withheld as busy, look again every retry_interval until the next sweep is near."""
+        """While devices are withheld for other work that may pass, look again every retry_interval until one
+        measures or the next sweep is near, within a sweep's worker CPU time an interval; the time served."""
+        due = None
+        try:
+            if self._retry_wanted():
+                interval = self._store.settings.guard.retry_interval_s
+                self._scheduler.run_later(self._retry_withheld, interval)
+                due = self._clock() + interval
+        finally:
+            self._store.record_next_retry(due)
+
+    def _retry_wanted(self) -> bool:
         interval = self._store.settings.guard.retry_interval_s
         latest = self._store.read().latest
-        if interval <= 0 or latest is None or self._stopping.is_set():
-            return
-        if not latest.gpus_to_retry:
-            return
+        if interval <= 0 or latest is None or self._stopping.is_set() or not latest.devices_to_retry:
+            return False
         left = self._scheduler.seconds_to_next()
         if left is not None and left <= interval:
-            return  # the next sweep comes first and times them anyway
-        self._scheduler.run_later(self._retry_busy, interval)
+            return False  # the next sweep comes first and times them anyway
+        return self._retry_affordable()
+
+    def _retry_affordable(self) -> bool:
+        """Whether one more retry keeps the retries since the latest sweep within a measured sweep's worker CPU
+        time, each expected to cost what the latest run did. Until a sweep has measured, the schedule alone bounds
+        them: a retry that finds the host busy again costs its worker's start and a look."""
+        budget = self._sweep_cpu_s
+        if budget is None:
+            return True
+        expected = self._last_run_cpu_s if self._last_run_cpu_s is not None else budget
+        if self._retries_cpu_s + expected <= budget:
+            return True
+        if not self._retries_paused:
+            self._retries_paused = True
+            log.info(
+                "retries of withheld devices wait for the next sweep: they would cost more than a sweep",
+                extra={"retries_cpu_s": round(self._retries_cpu_s, 1), "sweep_cpu_s": round(budget, 1)},
+            )
+        return False
 
     def _give_up_on_fatal(self, outcome: SweepOutcome) -> None:
         failures = outcome.snapshot.failures if outcome.snapshot is not None else ()

@@ -186,7 +186,7 @@ class Service:
             except HistoryBusy as exc:  # another process's lock: the page does not wait for it
                 problem = f"{self._history.path} {exc}"
         state = self.read_state()
-        picture = self._picture.look(state).state  # the page's visitor will ask for it: start drawing now
+        picture = self._picture.look(state).state  # drawn now if not yet: the page says whether it could be
         return page.render(
             self.settings, state, runs, picture=picture, now=time.time(), version=__version__, history_problem=problem
         )

@@ -11,7 +11,7 @@ EXIT_START = 3  # the service could not start (e.g. its listen address is taken)
 EXIT_WITHHELD = 4  # `once`: the guard withheld some device (or every one): the output names each and why
 EXIT_INTERRUPTED = 130  # `once` was stopped by SIGINT or SIGTERM (128 + SIGINT, the shell's convention)
 
-# What to run where a chart is asked for and matplotlib is missing (plot, the landing page, /sweep.svg).
+# What to run where `plot` is asked for a PNG and matplotlib is missing (an SVG needs nothing more).
 PLOT_EXTRA_HINT = "pip install 'crossover-monitor[plot]'"
 
 

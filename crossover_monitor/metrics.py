@@ -225,7 +225,11 @@ DEVICE_MEASURED_AT = _metric(
     fleet=True,
 )
 RETRIES = _metric(
-    "matmul_busy_retries", "Retries of GPUs withheld as busy, by how they ended", ("result",), "counter", fleet=True
+    "matmul_busy_retries",
+    "Retries of devices withheld for other work (a busy GPU, every core taken), by how they ended",
+    ("result",),
+    "counter",
+    fleet=True,
 )
 GPU_CLOCK_EVENT = _metric(
     "matmul_gpu_clock_event",

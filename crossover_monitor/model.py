@@ -503,11 +503,26 @@ def gpu_cpu_pairs(devices: Iterable[DeviceInfo]) -> tuple[tuple[DeviceInfo, tupl
     return tuple((cpu, tuple(g for g in gpus if g.backend == cpu.backend)) for cpu in listed if cpu.kind == "cpu")
 
 
-# GPUs withheld for these reasons are tried again before the next sweep (an unguarded one cannot be). A GPU is
-# no longer withheld whole as host_slowed (its points are, alone); served states saved before may still say so.
+# Devices withheld whole for these reasons are tried again before the next sweep (an unguarded GPU cannot be): the
+# other work may have passed. A device is no longer withheld whole as host_slowed (its points are, alone); served
+# states saved before may still say so.
 RETRIED_REASONS = frozenset(
     {WithheldReason.GPU_BUSY, WithheldReason.YIELDED, WithheldReason.CPU_CONTENDED, WithheldReason.HOST_SLOWED}
 )
+
+
+def retry_devices(devices: Iterable[DeviceInfo], retried: Iterable[str]) -> tuple[str, ...]:
+    """What a retry of the ``retried`` devices times, CPUs first: a GPU with its CPU beside it, a CPU with every GPU
+    compared against it (a crossover comes from a pair timed in one host state)."""
+    wanted = set(retried)
+    cpus: list[str] = []
+    gpus: list[str] = []
+    for cpu, paired in gpu_cpu_pairs(devices):
+        busy = [g.device for g in paired if g.device in wanted or cpu.device in wanted]
+        if busy or cpu.device in wanted:
+            cpus.append(cpu.device)
+        gpus += [g for g in busy if g not in gpus]
+    return (*cpus, *gpus)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -672,16 +687,11 @@ class Snapshot:
         return DeviceState.FAILED, lost
 
     @property
-    def gpus_to_retry(self) -> tuple[str, ...]:
-        """The GPUs withheld for a reason that may pass (busy, yielded, contended), to be tried again."""
-        kinds = {d.device: d.kind for d in self.devices}
-        return tuple(
-            sorted(
-                w.device
-                for w in self.withheld
-                if w.whole_device and w.reason in RETRIED_REASONS and kinds.get(w.device) == "gpu"
-            )
-        )
+    def devices_to_retry(self) -> tuple[str, ...]:
+        """The devices withheld whole for a reason that may pass (a busy GPU, a job that started, every core taken),
+        to be tried again: a CPU too, since every crossover against it is withheld with it (a first sweep beside a
+        busy core would otherwise serve nothing until the next scheduled one)."""
+        return tuple(sorted({w.device for w in self.withheld if w.whole_device and w.reason in RETRIED_REASONS}))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -709,6 +719,7 @@ class ServiceState:
     last_outcome: SweepOutcome | None = None
     sweeps: tuple[tuple[SweepResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in SweepResult))
     next_sweep_at: float | None = None
+    next_retry_at: float | None = None  # when the devices withheld in the latest sweep are tried again; None: not
     retries: tuple[tuple[RetryResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in RetryResult))
     # The configuration: whether the latest (re)load took, and when one last did (start-up counts).
     config_loaded: bool | None = None

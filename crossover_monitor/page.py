@@ -1,37 +1,30 @@
 """The landing page at ``/``: what this instance measures, its latest crossovers, its recent runs, a picture.
 
 Rendered on the server from the state the service serves (no script, no external asset), every value
-escaped. The picture is the ``plot`` command's chart of the latest sweep, drawn in a separate process
-(``python -m crossover_monitor plot``) so matplotlib never stays loaded in the daemon, and only where the
-optional ``plot`` extra is installed; it is drawn once per sweep, on a thread of its own, and kept.
+escaped. The picture is the latest sweep's chart as SVG (``/sweep.svg``), drawn by svgchart.py in this
+process with the standard library alone, once per served sweep, and kept.
 """
 
 from __future__ import annotations
 
 import enum
 import html
-import importlib.util
 import logging
+import os
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import NamedTuple
 
-from crossover_monitor.errors import PLOT_EXTRA_HINT
+from crossover_monitor import svgchart
+from crossover_monitor.chart import PlotError, from_snapshot
 from crossover_monitor.history import Run
-from crossover_monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, SweepResult
-from crossover_monitor.report import render_json
+from crossover_monitor.model import CrossoverState, ServiceState, Snapshot, SweepOutcome, WithheldReason
 from crossover_monitor.settings import Settings
 from crossover_monitor.text import took_text, utc_text
 
 log = logging.getLogger(__name__)
 
-_PLOT_TIMEOUT_S = 60.0
-_RELOAD_S = 3  # a chart takes about that long to draw
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; max-width: 72rem; }
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; }
@@ -72,8 +65,6 @@ def render(
     latest = state.latest
     parts = [
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
-        # No script: while the chart is being drawn, the page comes again by itself.
-        f"<meta http-equiv='refresh' content='{_RELOAD_S}'>" if picture is PictureState.DRAWING else "",
         f"<title>crossover-monitor on {_e(socket.gethostname())}</title><style>{_STYLE}</style></head><body>",
         f"<h1>crossover-monitor <small>{_e(version)}</small></h1>",
         "<nav><a href='/metrics'>/metrics</a><a href='/-/healthy'>/-/healthy</a><a href='/-/ready'>/-/ready</a></nav>",
@@ -85,30 +76,84 @@ def render(
         f"<tr><th>dtypes, modes</th><td>{_e(', '.join(bench.dtypes))}; {_e(', '.join(bench.modes))}</td></tr>",
         f"<tr><th>schedule</th><td>{_e(cadence)}</td></tr>",
         f"<tr><th>next run</th><td id='next-run'>{_e(next_run)}</td></tr>",
+        *_next_try(state, now),
         f"<tr><th>latest sweep</th><td>{_e(_time(latest.finished_at if latest else None))}</td></tr>",
         "</table>",
         "<h2>Crossovers</h2>",
     ]
     parts += _crossovers(state)
+    parts += _what_to_do(settings, state)
     parts.append("<h2>Latest sweep</h2>")
     if latest is None:
         parts.append("<p>No sweep has completed yet.</p>")
     elif picture is PictureState.DRAWN:
-        # The two handlers only mark whether the browser could show it (the page's test reads them).
+        # The two handlers only mark whether the browser could show it, and at what size (the page's test reads them).
         parts.append(
             "<img id='sweep' src='/sweep.svg' alt='time against matrix size, CPU and GPU, crossovers marked'"
-            " onload=\"this.dataset.shown='yes'\" onerror=\"this.dataset.shown='no'\">"
+            " onload=\"this.dataset.shown='yes';this.dataset.width=this.naturalWidth\""
+            " onerror=\"this.dataset.shown='no'\">"
         )
-    elif picture is PictureState.DRAWING:
-        parts.append("<p id='drawing'>The chart of this sweep is being drawn; the page reloads in a few seconds.</p>")
-    elif picture is PictureState.FAILED:
-        parts.append("<p id='no-picture'>The chart of this sweep could not be drawn; the service's log says why.</p>")
     else:
-        parts.append(f"<p id='no-picture'>Install the plot extra for a picture: {PLOT_EXTRA_HINT}.</p>")
+        parts.append("<p id='no-picture'>The chart of this sweep could not be drawn; the service's log says why.</p>")
     parts.append("<h2>Recent runs</h2>")
     parts += _runs(state, runs, history_problem)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _next_try(state: ServiceState, now: float) -> list[str]:
+    """When the devices withheld in the latest sweep are timed again, where a retry is planned."""
+    due, latest = state.next_retry_at, state.latest
+    if due is None or latest is None or not latest.devices_to_retry:
+        return []
+    devices = ", ".join(latest.devices_to_retry)
+    row = (
+        f"<tr><th>next try</th><td id='next-try'>{_e(_time(due))} (in {max(0.0, due - now):.0f} s): "
+        f"{_e(devices)}, withheld in the latest sweep</td></tr>"
+    )
+    return [row]
+
+
+def _what_to_do(settings: Settings, state: ServiceState) -> list[str]:
+    """For each reason the latest sweep withheld a whole device for, what a person can change (once a reason)."""
+    latest = state.latest
+    if latest is None:
+        return []
+    reasons = sorted({w.reason for w in latest.withheld if w.whole_device}, key=lambda r: r.value)
+    advice = [_ADVICE[r](settings) for r in reasons if r in _ADVICE]
+    return [f"<p class='advice'>{_e(text)}</p>" for text in advice]
+
+
+def _contended(settings: Settings) -> str:
+    threads = settings.benchmark.cpu_threads
+    cores = len(os.sched_getaffinity(0))
+    using = (
+        f"benchmark.cpu_threads is {threads}" if threads is not None else "benchmark.cpu_threads is auto: all of them"
+    )
+    return (
+        f"Other programs used the cores the CPU timing needed ({using}, of {cores} cores here). It is tried again "
+        f"every guard.retry_interval until they leave room; to time beside them, set benchmark.cpu_threads below "
+        f"the cores, so that a busy core leaves some free (or raise guard.cpu_max_other_cores, at the cost of "
+        f"timings slowed by them)."
+    )
+
+
+# What to change, per reason a whole device is withheld for (a point withheld alone says its reason beside it).
+_ADVICE: dict[WithheldReason, Callable[[Settings], str]] = {
+    WithheldReason.CPU_CONTENDED: _contended,
+    WithheldReason.GPU_BUSY: lambda _: (
+        "Another program uses the GPU: the monitor stays out of its way and tries again every guard.retry_interval "
+        "until it is free (guard.gpu_max_utilization and guard.gpu_max_other_processes say what counts as busy)."
+    ),
+    WithheldReason.YIELDED: lambda _: (
+        "A job started on a GPU while the sweep ran, so the rest of the sweep was given up; it is tried again every "
+        "guard.retry_interval."
+    ),
+    WithheldReason.UNGUARDED: lambda _: (
+        "The guard cannot see the GPU's other users (NVML missing or failing), so the GPU is not timed: give the "
+        "service NVML (nvidia-ml-py), or set guard.require_nvml: false to time it unguarded."
+    ),
+}
 
 
 def _devices(state: ServiceState) -> str:
@@ -189,17 +234,10 @@ def _as_run(outcome: SweepOutcome) -> Run:
     )
 
 
-def plot_available() -> bool:
-    """Whether the plot extra is installed (looked up, not imported)."""
-    return importlib.util.find_spec("matplotlib") is not None
-
-
 class PictureState(enum.Enum):
     """Where the latest sweep's chart stands, for the page and ``/sweep.svg``."""
 
     NONE = "none"  # no sweep yet
-    UNAVAILABLE = "unavailable"  # the plot extra is not installed
-    DRAWING = "drawing"
     DRAWN = "drawn"
     FAILED = "failed"  # this sweep's chart could not be drawn (the log says why); not tried again
 
@@ -209,65 +247,41 @@ class Picture(NamedTuple):
     svg: bytes | None = None
 
 
-class SweepPicture:
-    """The latest sweep's chart as SVG, drawn once per sweep by a child process on a thread of its own.
+def draw(latest: Snapshot) -> bytes:
+    """The served sweep's chart as SVG, its title naming this host."""
+    return svgchart.render(from_snapshot(latest, socket.gethostname()))
 
-    Asking never waits for the drawing (up to a minute): an HTTP handler thread held that long is one
-    the scrapes cannot use. The first ask for a sweep starts it and hears DRAWING until it is done.
+
+class SweepPicture:
+    """The latest sweep's chart as SVG, drawn at the first ask for each served snapshot and kept.
+
+    Drawn on the asking thread, once per sweep: a real sweep's chart takes a few milliseconds, the largest the
+    limits allow (64 curves in 8 panels) under 20 ms (benchmarks/README.md, "The landing page's picture without matplotlib").
     """
 
-    def __init__(self, draw: Callable[[Snapshot], bytes | None] | None = None) -> None:
-        self._draw = draw or _draw_in_child
-        self._lock = threading.Lock()
+    def __init__(self, draw: Callable[[Snapshot], bytes] = draw) -> None:
+        self._draw = draw
+        self._lock = threading.Lock()  # two first asks at once draw it once
         # (the snapshot drawn, its picture or None: failed). Keyed on the object: a retry laid over the
         # served snapshot, or a reload's trim, keeps the sweep's end time but changes what is served.
         self._drawn: tuple[Snapshot, bytes | None] | None = None
-        self._drawing = False
 
     def look(self, state: ServiceState) -> Picture:
-        """The latest sweep's picture, or where it stands; starts drawing it if nobody has yet."""
+        """The latest sweep's picture, drawn now if nobody has asked for it yet."""
         latest = state.latest
         if latest is None:
             return Picture(PictureState.NONE)
-        if not plot_available():
-            return Picture(PictureState.UNAVAILABLE)
         with self._lock:
-            if self._drawn is not None and self._drawn[0] is latest:
-                svg = self._drawn[1]
-                return Picture(PictureState.DRAWN, svg) if svg is not None else Picture(PictureState.FAILED)
-            if not self._drawing:  # one drawing at a time: a newer sweep's starts at the next ask after it
-                self._drawing = True
-                threading.Thread(target=self._draw_and_keep, args=(latest,), name="sweep-picture", daemon=True).start()
-            return Picture(PictureState.DRAWING)
+            if self._drawn is None or self._drawn[0] is not latest:
+                self._drawn = (latest, self._drawn_or_none(latest))  # a failure too: not tried again for it
+            svg = self._drawn[1]
+        return Picture(PictureState.DRAWN, svg) if svg is not None else Picture(PictureState.FAILED)
 
-    def _draw_and_keep(self, latest: Snapshot) -> None:
+    def _drawn_or_none(self, latest: Snapshot) -> bytes | None:
         try:
-            svg = self._draw(latest)
-        except Exception:  # a bug in drawing must not leave "drawing" forever
+            return self._draw(latest)
+        except PlotError as exc:  # nothing to draw, or more than a chart can show
+            log.warning("the sweep's chart cannot be drawn", extra={"reason": str(exc)})
+        except Exception:  # a bug in drawing must not take the page down with it
             log.exception("drawing the sweep's chart failed")
-            svg = None
-        with self._lock:
-            self._drawn = (latest, svg)  # a failure too: not tried again for this snapshot
-            self._drawing = False
-
-
-def _draw_in_child(latest: Snapshot) -> bytes | None:
-    outcome = SweepOutcome(
-        result=SweepResult.SUCCESS, started_at=latest.started_at, finished_at=latest.finished_at, snapshot=latest
-    )
-    with tempfile.TemporaryDirectory(prefix="crossover-monitor-plot-") as scratch:
-        source, chart = Path(scratch) / "sweep.json", Path(scratch) / "sweep.svg"
-        source.write_text(render_json(outcome), encoding="utf-8")
-        # -P: never a "crossover_monitor" from the working directory instead of this one.
-        command = [sys.executable, "-P", "-m", "crossover_monitor", "plot", "--from-json", str(source), str(chart)]
-        try:
-            done = subprocess.run(  # noqa: S603 - this interpreter and paths of our own
-                command, capture_output=True, text=True, timeout=_PLOT_TIMEOUT_S, check=False
-            )
-        except subprocess.TimeoutExpired:
-            log.warning("drawing the sweep's chart took too long; the page goes without it")
-            return None
-        if done.returncode != 0:
-            log.warning("drawing the sweep's chart failed", extra={"stderr": done.stderr.strip()[-300:]})
-            return None
-        return chart.read_bytes()
+        return None

@@ -33,7 +33,7 @@ class Plan:
     bench: BenchmarkSettings
     guard: GuardSettings = dataclasses.field(default_factory=lambda: GuardSettings(enabled=False))
     given_up: tuple[str, ...] = ()  # devices that failed fatally before: reported, not retried
-    # A retry of busy GPUs: look at them first, and time nothing (not even the CPU) if all are still busy.
+    # A retry of withheld devices: look at its GPUs first, and time nothing (not even the CPU) if all are still busy.
     retry: bool = False
     # The host reference's idle figure from recent sweeps; None: the worker has only this sweep's readings.
     host_baseline: HostReference | None = None

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from crossover_monitor.errors import PLOT_EXTRA_HINT
 from crossover_monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 from crossover_monitor.metrics import PROFILES, Profile, exposition_type
 from crossover_monitor.model import ServiceState
@@ -79,7 +78,7 @@ class MetricsServer:
             "/healthz": lambda _: _probe(healthy),
             "/readyz": lambda _: _probe(ready),
             "/": lambda _: Response(status=200, body=landing().encode(), content_type="text/html; charset=utf-8"),
-            "/sweep.svg": lambda _: _svg(picture() if picture else Picture(PictureState.UNAVAILABLE)),
+            "/sweep.svg": lambda _: _svg(picture() if picture else Picture(PictureState.NONE)),
         }
         posts: dict[str, Callable[[], tuple[bool, str]]] = (
             {"/-/reload": lifecycle.reload, "/-/sweep": lifecycle.sweep} if lifecycle is not None else {}
@@ -146,28 +145,18 @@ def _lifecycle(request: Request, action: Callable[[], tuple[bool, str]] | None, 
     return Response(status=done if ok else refused, body=(message + "\n").encode())
 
 
-# What /sweep.svg answers while there is no picture to send: status, body and headers.
-_NO_PICTURE: dict[PictureState, tuple[int, bytes, tuple[tuple[str, str], ...]]] = {
-    PictureState.DRAWING: (
-        503,
-        b"the chart of the latest sweep is being drawn; try again in a few seconds\n",
-        (("Retry-After", "3"),),
-    ),
-    PictureState.FAILED: (500, b"the chart of the latest sweep could not be drawn; the service's log says why\n", ()),
-    PictureState.NONE: (404, b"no picture: no sweep has completed yet\n", ()),
-    PictureState.UNAVAILABLE: (
-        404,
-        f"no picture: the plot extra is not installed: {PLOT_EXTRA_HINT}\n".encode(),
-        (),
-    ),
+# What /sweep.svg answers while there is no picture to send: status and body.
+_NO_PICTURE: dict[PictureState, tuple[int, bytes]] = {
+    PictureState.FAILED: (500, b"the chart of the latest sweep could not be drawn; the service's log says why\n"),
+    PictureState.NONE: (404, b"no picture: no sweep has completed yet\n"),
 }
 
 
 def _svg(picture: Picture) -> Response:
     if picture.state is PictureState.DRAWN and picture.svg is not None:
         return Response(status=200, body=picture.svg, content_type="image/svg+xml")
-    status, body, headers = _NO_PICTURE.get(picture.state, _NO_PICTURE[PictureState.FAILED])
-    return Response(status=status, body=body, headers=headers)
+    status, body = _NO_PICTURE.get(picture.state, _NO_PICTURE[PictureState.FAILED])
+    return Response(status=status, body=body)
 
 
 class _MetricsCache:

@@ -365,12 +365,13 @@ class GuardSettings(Section):
             "reference reads the host slowed, a host-bound point past its own calm sweeps' range is disturbed",
         ),
     )
-    retry_interval_s: float = field(  # retry busy GPUs this often until measured or the next sweep; 0: off
+    retry_interval_s: float = field(  # retry withheld devices this often until measured or the next sweep; 0: off
         default=60.0,
         metadata=key(
             "retry_interval",
             duration(positive=False, minimum=10),
-            "retry busy GPUs this often; 0 waits for the next sweep",
+            "retry devices withheld for other work (a busy GPU, every core taken) this often; 0 waits for the next "
+            "sweep",
         ),
     )
 

@@ -106,7 +106,7 @@ class StateStore:
             self._remember("sweep", outcome, state)
 
     def record_retry(self, outcome: SweepOutcome) -> RetryResult:
-        """A retry of busy GPUs: what it measured is laid over the served snapshot; counted apart from sweeps,
+        """A retry of withheld devices: what it measured is laid over the served snapshot; counted apart from sweeps,
         by what the configuration still asks for (a GPU a reload removed is not still busy)."""
         with self._history_order:
             with self._lock:
@@ -115,7 +115,7 @@ class StateStore:
                 snapshot = outcome.snapshot
                 if snapshot is None or not outcome.result.completed:
                     result = RetryResult.FAILED
-                elif snapshot.gpus_to_retry:
+                elif snapshot.devices_to_retry:
                     result = RetryResult.BUSY
                 else:
                     result = RetryResult.MEASURED
@@ -174,6 +174,12 @@ class StateStore:
         with self._lock:
             if at != self._state.next_sweep_at:
                 self._state = dataclasses.replace(self._state, next_sweep_at=at)
+
+    def record_next_retry(self, at: float | None) -> None:
+        """When the devices withheld in the latest sweep are tried again (None: not before the next sweep)."""
+        with self._lock:
+            if at != self._state.next_retry_at:
+                self._state = dataclasses.replace(self._state, next_retry_at=at)
 
     def _with_calm_medians(
         self, kept: tuple[PointMedians, ...], snapshot: Snapshot, floor: float

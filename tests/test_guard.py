@@ -779,7 +779,7 @@ def test_a_point_the_slowed_host_moved_is_withheld_alone_and_its_device_goes_on(
     assert gpu_sizes == {16, 32, 64}
     assert snapshot.withheld_devices == frozenset()
     assert snapshot.device_state("/GPU:0")[0] is DeviceState.MEASURED
-    assert snapshot.gpus_to_retry == ()
+    assert snapshot.devices_to_retry == ()
     (crossover,) = snapshot.crossovers
     assert crossover.state is CrossoverState.FOUND
     assert crossover.lower == 32

@@ -9,7 +9,6 @@ import re
 import sqlite3
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from html.parser import HTMLParser
@@ -70,16 +69,6 @@ def _page_text(body: str) -> str:
     return "".join(parser.parts)
 
 
-def _picture(service: RunningService) -> tuple[int, str]:
-    """/sweep.svg once it is no longer being drawn."""
-    deadline = time.monotonic() + 90
-    while True:
-        status, _, body = service.get("/sweep.svg")
-        if status != 503 or time.monotonic() > deadline:  # 503: still drawing
-            return status, body
-        time.sleep(0.5)
-
-
 @pytest.fixture(scope="module")
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningService, Path]]:
     """The real service, its backend naming its GPU and version with HOSTILE_TEXT, after its first sweep."""
@@ -133,7 +122,7 @@ def test_sweep_picture_is_well_formed_svg_when_a_backend_sends_control_character
     """Issue 51 N4 and N8: with a lone surrogate, a NUL and other control characters in a device's name,
     /sweep.svg answers 200 with XML that parses, the name in it as drawn text."""
     service, _ = hostile
-    status, body = _picture(service)
+    status, _, body = service.get("/sweep.svg")
     assert status == 200, body
     root = ET.fromstring(body.encode())  # noqa: S314 - the service's own chart
     assert f"Fake GPU{CLEAN}" in "".join(root.itertext())

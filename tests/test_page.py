@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import html.parser
+import logging
 import subprocess
 import sys
-import threading
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -23,13 +25,12 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
-from crossover_monitor.settings import Settings
+from crossover_monitor.settings import BenchmarkSettings, Settings
 from tests import builders
 from tests.browser import browse
 from tests.builders import FULL_SNAPSHOT
-from tests.service import RunningService, fake_config, http_get, started_server, wait_until
+from tests.service import RunningService, fake_config, http_get, started_server
 
-NO_PLOT = page.PictureState.UNAVAILABLE  # what the page shows without the plot extra
 DRAWN = page.PictureState.DRAWN
 
 
@@ -67,19 +68,31 @@ class Elements(html.parser.HTMLParser):
             self._cell.append(data)
 
 
+def _no_matplotlib(directory: Path) -> dict[str, str]:
+    """The environment of a service for which matplotlib is not installed, as with the default install: a package
+    of that name first on its path that refuses to be imported."""
+    shadow = directory / "no-matplotlib" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('matplotlib is not installed (the test says so)')\n")
+    return {"PYTHONPATH": str(shadow.parent)}
+
+
 @pytest.mark.slow
-def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path) -> None:
-    """In a real Chromium the page shows the settings, the crossovers, the runs and the drawn chart."""
+def test_chromium_shows_settings_crossovers_runs_and_the_picture_with_the_default_install(tmp_path: Path) -> None:
+    """In a real Chromium the page of a service without matplotlib shows the settings, the crossovers, the runs
+    and the chart of the finished sweep, an image the browser decoded (its natural width)."""
     config = fake_config() + f"history: {{directory: {tmp_path / 'state'}}}\n"
-    service = RunningService(tmp_path, config)
+    service = RunningService(tmp_path, config, env=_no_matplotlib(tmp_path))
     try:
         service.wait_for_sweeps("success")
-        # The chart is drawn off the handler threads: the first ask starts it, and it takes a few seconds.
-        wait_until(lambda: service.get("/sweep.svg")[0] == 200, 90, "the sweep's chart")
+        status, content_type, body = service.get("/sweep.svg")  # drawn at the first ask, answered with it
         dom = Elements()
         dom.feed(browse(service.url + "/", tmp_path / "profile"))
     finally:
         service.stop()
+    assert (status, content_type) == (200, "image/svg+xml"), body
+    svg = ET.fromstring(body.encode())  # noqa: S314 - the service's own chart
+    assert len([e for e in svg.iter() if e.get("class") == "curve"]) == 4  # CPU and GPU, two modes each
     settings = {row[0]: row[1] for row in dom.tables["settings"]}
     assert settings["backend"] == "tests.fakes:curve"
     assert settings["sizes"] == "16, 32, 64, 128"
@@ -91,20 +104,22 @@ def test_chromium_shows_settings_crossovers_runs_and_the_picture(tmp_path: Path)
     header, *runs = dom.tables["runs"]
     assert runs
     assert runs[0][2:4] == ["sweep", "success"]
-    # The browser fetched the chart and could draw it (the image's onload ran, not its onerror).
+    # The browser fetched the chart and could draw it (the image's onload ran, not its onerror), at its size.
     assert dom.by_id["sweep"].get("data-shown") == "yes", dom.by_id["sweep"]
+    assert int(dom.by_id["sweep"].get("data-width") or 0) == int(svg.get("width", "")) > 0
 
 
-def test_values_are_escaped_and_a_missing_plot_extra_is_named() -> None:
-    """Served values are HTML-escaped; without the plot extra the page says what to install."""
+def test_values_are_escaped_and_the_picture_needs_no_extra() -> None:
+    """Served values are HTML-escaped; the page shows the picture and names no extra to install."""
     hostile = Withheld(
         backend="torch", device="cuda:1", reason=WithheldReason.GPU_BUSY, detail="<script>alert(1)</script>"
     )
     state = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, withheld=(hostile,)))
-    rendered = page.render(Settings(), state, [], picture=NO_PLOT, now=0.0, version="x")
+    rendered = page.render(Settings(), state, [], picture=DRAWN, now=0.0, version="x")
     assert "<script>" not in rendered
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in rendered
-    assert "pip install 'crossover-monitor[plot]'" in rendered
+    assert "crossover-monitor[plot]" not in rendered
+    assert "<img id='sweep' src='/sweep.svg'" in rendered
     assert "None yet." in rendered  # an empty history
 
 
@@ -112,14 +127,14 @@ def test_the_reason_for_no_gpu_is_shown_and_escaped() -> None:
     """Where the backend found no GPU, the page says why under the crossovers (escaped), and also without any."""
     reason = "CUDA_VISIBLE_DEVICES='<-1>' hides every GPU from this process: unset it"
     latest = dataclasses.replace(FULL_SNAPSHOT, environment=(*FULL_SNAPSHOT.environment, (GPU_PROBLEM, reason)))
-    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=DRAWN, now=0.0, version="x")
     assert "<p id='no-gpu'>No GPU: CUDA_VISIBLE_DEVICES=&#x27;&lt;-1&gt;&#x27; hides every GPU" in rendered
     assert rendered.index("id='crossovers'") < rendered.index("id='no-gpu'")
     alone = dataclasses.replace(latest, crossovers=())
-    alone_page = page.render(Settings(), ServiceState(latest=alone), [], picture=NO_PLOT, now=0.0, version="x")
+    alone_page = page.render(Settings(), ServiceState(latest=alone), [], picture=DRAWN, now=0.0, version="x")
     assert "id='no-gpu'" in alone_page
     assert "id='no-gpu'" not in page.render(
-        Settings(), ServiceState(latest=FULL_SNAPSHOT), [], picture=NO_PLOT, now=0.0, version="x"
+        Settings(), ServiceState(latest=FULL_SNAPSHOT), [], picture=DRAWN, now=0.0, version="x"
     )
 
 
@@ -129,14 +144,37 @@ def test_every_withheld_device_is_named_with_its_reason_also_where_no_crossover_
         backend="fake", device="/CPU:0", reason=WithheldReason.CPU_CONTENDED, detail="other processes used <1.2> cores"
     )
     latest = dataclasses.replace(FULL_SNAPSHOT, crossovers=(), measurements=(), withheld=(contended,))
-    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=DRAWN, now=0.0, version="x")
     assert "<p>None yet.</p>" in rendered
     assert "<p class='withheld'>/CPU:0 withheld (cpu_contended): other processes used &lt;1.2&gt; cores</p>" in rendered
     point = builders.point_key("/GPU:0", 64, backend="fake")
     slowed = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=point)
     latest = dataclasses.replace(FULL_SNAPSHOT, withheld=(slowed,))
-    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=NO_PLOT, now=0.0, version="x")
+    rendered = page.render(Settings(), ServiceState(latest=latest), [], picture=DRAWN, now=0.0, version="x")
     assert "<p class='withheld'>/GPU:0 64x64 float32 compute withheld (host_slowed): 1.4x</p>" in rendered
+
+
+def test_a_withheld_sweep_says_when_the_next_try_comes_and_what_the_user_can_change() -> None:
+    """Issue 55: while nothing is measured yet the page says when the withheld devices are tried again, and for a CPU
+    beside busy cores, what to change (cpu_threads below the cores); a point withheld alone gets no advice."""
+    contended = Withheld(backend="fake", device="/CPU:0", reason=WithheldReason.CPU_CONTENDED, detail="busy cores")
+    latest = dataclasses.replace(FULL_SNAPSHOT, crossovers=(), measurements=(), withheld=(contended,))
+    settings = Settings(benchmark=BenchmarkSettings(cpu_threads=2))
+    state = ServiceState(latest=latest, next_retry_at=1_795_000_060.0)
+    rendered = page.render(settings, state, [], picture=DRAWN, now=1_795_000_000.0, version="x")
+    assert "<td id='next-try'>2026-11-18 11:07:40 UTC (in 60 s): /CPU:0, withheld in the latest sweep</td>" in rendered
+    (advice,) = [line for line in rendered.splitlines() if line.startswith("<p class='advice'>")]
+    assert "benchmark.cpu_threads is 2" in advice
+    assert "set benchmark.cpu_threads below the cores" in advice
+    # No retry planned (the next sweep comes first): no row; nothing withheld whole: no advice.
+    quiet = page.render(settings, ServiceState(latest=latest), [], picture=DRAWN, now=0.0, version="x")
+    assert "id='next-try'" not in quiet
+    point = builders.point_key("/GPU:0", 64, backend="fake")
+    slowed = Withheld(backend="fake", device="/GPU:0", reason=WithheldReason.HOST_SLOWED, detail="1.4x", point=point)
+    alone = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, withheld=(slowed,)), next_retry_at=1.0)
+    rendered = page.render(settings, alone, [], picture=DRAWN, now=0.0, version="x")
+    assert "class='advice'" not in rendered
+    assert "id='next-try'" not in rendered
 
 
 def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
@@ -156,14 +194,14 @@ def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
     assert parsed.by_id["sweep"]["src"] == "/sweep.svg"
     outcome = SweepOutcome(result=SweepResult.TIMEOUT, started_at=1.0, finished_at=601.0, reason="deadline passed")
     alone = Elements()
-    alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=NO_PLOT, now=0.0, version="x"))
+    alone.feed(page.render(Settings(), ServiceState(last_outcome=outcome), None, picture=DRAWN, now=0.0, version="x"))
     assert alone.tables["runs"][1][2:] == ["sweep", "timeout", "deadline passed"]
     # A history another process holds locked: the page says so and shows the latest outcome, it does not wait.
     busy = page.render(
         Settings(),
         ServiceState(last_outcome=outcome),
         None,
-        picture=NO_PLOT,
+        picture=DRAWN,
         now=0.0,
         version="x",
         history_problem="/var/lib/h.sqlite3 is busy (database is locked)",
@@ -173,116 +211,114 @@ def test_runs_from_the_history_or_the_latest_outcome_alone() -> None:
     # A row whose times could not be read shows them as unknown.
     unreadable = dataclasses.replace(run, started_at=None, finished_at=None, reason="this row cannot be read (…)")
     odd = Elements()
-    odd.feed(page.render(Settings(), ServiceState(), [unreadable], picture=NO_PLOT, now=0.0, version="x"))
+    odd.feed(page.render(Settings(), ServiceState(), [unreadable], picture=DRAWN, now=0.0, version="x"))
     assert odd.tables["runs"][1][:2] == ["–", "?"]
 
 
-def _drawn(picture: page.SweepPicture, state: ServiceState) -> page.Picture:
-    looked = picture.look(state)
-    deadline = time.monotonic() + 120
-    while looked.state is page.PictureState.DRAWING and time.monotonic() < deadline:
-        time.sleep(0.05)
-        looked = picture.look(state)
-    return looked
-
-
-@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
-def test_the_picture_is_drawn_once_per_sweep_in_a_child_process() -> None:
-    """The chart is drawn once per sweep, in a child process: matplotlib stays out of the daemon."""
-    picture = page.SweepPicture()
-    state = ServiceState(latest=FULL_SNAPSHOT)
-    drawn = _drawn(picture, state)
-    assert drawn.state is page.PictureState.DRAWN
-    assert drawn.svg is not None
-    assert b"<svg" in drawn.svg
-    assert picture.look(state).svg is drawn.svg  # the same sweep: kept, not drawn again
-    assert picture.look(ServiceState()).state is page.PictureState.NONE  # no sweep, no picture
-    # Drawing it leaves matplotlib out of the process that asked (the daemon).
+def test_the_picture_is_drawn_once_per_sweep_in_process_without_matplotlib() -> None:
+    """The chart is drawn in the asking process with the standard library alone (matplotlib refuses to import,
+    as with the default install), once per sweep, and kept."""
     probe = (
-        "import sys; from crossover_monitor import page; from crossover_monitor.model import ServiceState; "
-        "from tests.builders import FULL_SNAPSHOT; from tests.test_page import _drawn; "
-        "assert _drawn(page.SweepPicture(), ServiceState(latest=FULL_SNAPSHOT)).svg; "
-        "print('matplotlib' in sys.modules)"
+        "import sys; sys.modules['matplotlib'] = None; import xml.etree.ElementTree as ET; "
+        "from crossover_monitor import page; from crossover_monitor.model import ServiceState; "
+        "from tests.builders import FULL_SNAPSHOT; "
+        "picture = page.SweepPicture(); state = ServiceState(latest=FULL_SNAPSHOT); drawn = picture.look(state); "
+        "assert drawn.state is page.PictureState.DRAWN, drawn; ET.fromstring(drawn.svg); "
+        "assert picture.look(state).svg is drawn.svg; "  # the same sweep: kept, not drawn again
+        "assert picture.look(ServiceState()).state is page.PictureState.NONE; "  # no sweep, no picture
+        "print(drawn.svg.count(b'class=\"curve\"'))"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
-    assert done.stdout.strip() == "False"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"  # FULL_SNAPSHOT's one curve
 
 
-class _HeldDrawing:
-    """A drawing that takes as long as the test says (fault injection: a slow or failing chart)."""
+class _CountedDrawing:
+    """The real drawing, counted, and slow enough that asks overlap (a drawing of a big chart on a busy host)."""
 
-    def __init__(self, result: bytes | None = b"<svg/>") -> None:
-        self.release = threading.Event()
+    def __init__(self) -> None:
         self.drew: list[float] = []
-        self.result = result
 
-    def __call__(self, latest: Snapshot) -> bytes | None:
+    def __call__(self, latest: Snapshot) -> bytes:
         self.drew.append(latest.finished_at)
-        assert self.release.wait(30)
-        return self.result
+        time.sleep(0.2)
+        return page.draw(latest)
 
 
-@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
-def test_asking_for_the_picture_never_waits_for_the_drawing_and_draws_each_sweep_once() -> None:
-    """Asking for the chart never waits for the drawing, and each sweep is drawn once however often asked."""
-    drawing = _HeldDrawing()
+def test_each_sweep_is_drawn_once_however_many_ask_at_once() -> None:
+    """Eight handlers asking at once for a new sweep's chart get the same picture, drawn once; a newer sweep's
+    is drawn at its first ask."""
+    drawing = _CountedDrawing()
     picture = page.SweepPicture(drawing)
     state = ServiceState(latest=FULL_SNAPSHOT)
-    asked = time.monotonic()
-    assert [picture.look(state).state for _ in range(3)] == [page.PictureState.DRAWING] * 3
-    assert time.monotonic() - asked < 5  # the drawing is held for up to 30 s
-    drawing.release.set()
-    assert _drawn(picture, state) == page.Picture(page.PictureState.DRAWN, b"<svg/>")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        looked = list(pool.map(lambda _: picture.look(state), range(8)))
+    assert {p.state for p in looked} == {DRAWN}
+    assert len({id(p.svg) for p in looked}) == 1
     newer = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, finished_at=FULL_SNAPSHOT.finished_at + 900))
-    assert _drawn(picture, newer).state is page.PictureState.DRAWN
+    assert picture.look(newer).state is DRAWN
+    assert picture.look(newer).state is DRAWN
     assert drawing.drew == [FULL_SNAPSHOT.finished_at, FULL_SNAPSHOT.finished_at + 900]  # once each
 
 
-@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
 def test_a_retry_laid_over_the_sweep_is_drawn_anew_though_the_sweep_end_is_the_same() -> None:
     """A retry's timings change what is served but not the sweep's end time: the chart follows what is served."""
-    drawing = _HeldDrawing()
-    drawing.release.set()
+    drawing = _CountedDrawing()
     picture = page.SweepPicture(drawing)
-    assert _drawn(picture, ServiceState(latest=FULL_SNAPSHOT)).state is page.PictureState.DRAWN
+    assert picture.look(ServiceState(latest=FULL_SNAPSHOT)).state is DRAWN
     retried = dataclasses.replace(FULL_SNAPSHOT, withheld=())
     assert retried.finished_at == FULL_SNAPSHOT.finished_at
-    assert _drawn(picture, ServiceState(latest=retried)).state is page.PictureState.DRAWN
+    assert picture.look(ServiceState(latest=retried)).state is DRAWN
     assert drawing.drew == [FULL_SNAPSHOT.finished_at] * 2
 
 
-@pytest.mark.skipif(not page.plot_available(), reason="needs the plot extra (matplotlib)")
-def test_a_chart_that_cannot_be_drawn_is_said_and_not_tried_again_for_that_sweep() -> None:
-    """A chart that cannot be drawn is reported as failed and not tried again for the same sweep."""
-    drawing = _HeldDrawing(result=None)
-    drawing.release.set()
+def test_a_chart_that_cannot_be_drawn_is_logged_said_and_not_tried_again_for_that_sweep(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sweep with nothing to draw (every point withheld) and one with more curves than a chart can show: each
+    picture is FAILED, the log says why, and it is not drawn again for that sweep."""
+    drawing = _CountedDrawing()
     picture = page.SweepPicture(drawing)
-    state = ServiceState(latest=FULL_SNAPSHOT)
-    assert _drawn(picture, state).state is page.PictureState.FAILED
-    assert picture.look(state).state is page.PictureState.FAILED
-    assert drawing.drew == [FULL_SNAPSHOT.finished_at]
+    nothing = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, measurements=()))
+    many = [builders.measurement(f"cuda:{i}", 64, 1e-4, backend="torch", dtype=t) for i in range(33) for t in "ab"]
+    too_many = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, measurements=tuple(many)))
+    with caplog.at_level(logging.WARNING, logger="crossover_monitor.page"):
+        for state in (nothing, nothing, too_many, too_many):
+            assert picture.look(state) == page.Picture(page.PictureState.FAILED)
+    assert len(drawing.drew) == 2
+    reasons = [
+        getattr(r, "reason", "") for r in caplog.records if r.getMessage() == "the sweep's chart cannot be drawn"
+    ]
+    assert len(reasons) == 2
+    assert "no timings to draw yet" in reasons[0]
+    assert "66 curves in 2 dtypes: more than a chart can show" in reasons[1]
 
 
-def test_the_page_reloads_itself_while_the_chart_is_drawn_and_says_so() -> None:
-    """While the chart is drawn the page says so and reloads itself; once drawn or failed it does not."""
+def test_a_bug_in_drawing_is_logged_with_its_traceback_and_the_page_says_the_picture_failed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A drawing that raises (a bug) leaves the picture FAILED, logged with its traceback; the page says so."""
+
+    def broken(latest: Snapshot) -> bytes:
+        raise ZeroDivisionError(latest.finished_at)
+
     state = ServiceState(latest=FULL_SNAPSHOT)
-    drawing = page.render(Settings(), state, [], picture=page.PictureState.DRAWING, now=0.0, version="x")
-    assert "<meta http-equiv='refresh'" in drawing
-    assert "id='drawing'" in drawing
-    assert "id='sweep'" not in drawing
-    drawn = page.render(Settings(), state, [], picture=page.PictureState.DRAWN, now=0.0, version="x")
-    assert "http-equiv='refresh'" not in drawn
-    failed = page.render(Settings(), state, [], picture=page.PictureState.FAILED, now=0.0, version="x")
-    assert "could not be drawn" in failed
+    with caplog.at_level(logging.ERROR, logger="crossover_monitor.page"):
+        looked = page.SweepPicture(broken).look(state)
+    assert looked.state is page.PictureState.FAILED
+    (record,) = [r for r in caplog.records if r.getMessage() == "drawing the sweep's chart failed"]
+    assert record.exc_info is not None
+    rendered = page.render(Settings(), state, [], picture=looked.state, now=0.0, version="x")
+    assert "The chart of this sweep could not be drawn; the service's log says why." in rendered
+    assert "id='sweep'" not in rendered
+    assert "http-equiv='refresh'" not in rendered
 
 
 @pytest.mark.parametrize(
     ("looked", "status", "says"),
     [
-        (page.Picture(page.PictureState.DRAWING), 503, "being drawn"),
         (page.Picture(page.PictureState.FAILED), 500, "could not be drawn"),
         (page.Picture(page.PictureState.NONE), 404, "no sweep has completed yet"),
-        (page.Picture(page.PictureState.UNAVAILABLE), 404, "plot extra is not installed"),
         (page.Picture(page.PictureState.DRAWN, b"<svg/>"), 200, "<svg/>"),
     ],
 )

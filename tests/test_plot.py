@@ -1,4 +1,5 @@
-"""`crossover-monitor plot`: reading a sweep from `once --json` or a live /metrics, and drawing it."""
+"""`crossover-monitor plot`: reading a sweep from `once --json` or a live /metrics, and drawing it (an SVG with the
+standard library, a PNG with matplotlib)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import importlib.util
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from crossover_monitor.chart import Chart, PlotError, from_json, from_url
 from crossover_monitor.cli import main
 from crossover_monitor.model import (
     DeviceInfo,
@@ -22,7 +25,6 @@ from crossover_monitor.model import (
     SweepOutcome,
     SweepResult,
 )
-from crossover_monitor.plot import Chart, PlotError, from_json, from_url
 from crossover_monitor.report import render_json
 from crossover_monitor.server import MetricsServer
 from tests import builders
@@ -163,21 +165,39 @@ def test_unsupported_output_extension_exits_1(tmp_path: Path, capsys: pytest.Cap
     assert not (tmp_path / "chart.pdf").exists()
 
 
-def test_missing_matplotlib_prints_the_install_hint_and_exits_1(tmp_path: Path) -> None:
-    """Without matplotlib, `plot` tells the user to install the plot extra and exits 1 with no traceback."""
-    path = _json_file(tmp_path, _snapshot())
+def _without_matplotlib(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`crossover-monitor ARGV` where matplotlib cannot be imported, as with the default install."""
     # A None entry in sys.modules is Python's own way of making an import fail.
     code = (
         "import sys; sys.modules['matplotlib'] = None; from crossover_monitor.cli import main; "
-        f"sys.exit(main(['plot', '--from-json', {str(path)!r}, {str(tmp_path / 'chart.png')!r}]))"
+        f"sys.exit(main({list(argv)!r}))"
     )
-    result = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
     )
+
+
+def test_missing_matplotlib_prints_the_install_hint_for_a_png_and_exits_1(tmp_path: Path) -> None:
+    """Without matplotlib, `plot` of a PNG tells the user to install the plot extra and exits 1 with no traceback."""
+    result = _without_matplotlib("plot", "--from-json", str(_json_file(tmp_path, _snapshot())), str(tmp_path / "c.png"))
     assert result.returncode == 1
     assert "pip install 'crossover-monitor[plot]'" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "chart.png").exists()
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_an_svg_needs_no_plot_extra(tmp_path: Path) -> None:
+    """Without matplotlib, `plot` writes the SVG chart: a curve per device and mode, the n* marked."""
+    output = tmp_path / "chart.svg"
+    result = _without_matplotlib("plot", "--from-json", str(_json_file(tmp_path, _snapshot())), str(output))
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {output}" in result.stdout
+    root = ET.fromstring(output.read_bytes())  # noqa: S314 - our own output
+    curves = [e for e in root.iter() if e.get("class") == "curve"]
+    assert {(c.get("data-device"), c.get("data-mode")) for c in curves} == {
+        (device, mode) for device in ("/CPU:0", "/GPU:0") for mode in ("compute", "end_to_end")
+    }
+    assert "n* /GPU:0 compute ≈ 46" in "".join(root.itertext())
 
 
 @needs_matplotlib
@@ -219,8 +239,9 @@ def test_each_dtype_gets_its_own_panel(tmp_path: Path) -> None:
     assert [axes.get_title() for axes in figure.axes] == ["float16", "float32"]
 
 
-@needs_matplotlib
-@pytest.mark.parametrize(("suffix", "magic"), [(".png", b"\x89PNG\r\n\x1a\n"), (".svg", b"<?xml")])
+@pytest.mark.parametrize(
+    ("suffix", "magic"), [pytest.param(".png", b"\x89PNG\r\n\x1a\n", marks=needs_matplotlib), (".svg", b"<?xml")]
+)
 def test_plot_writes_png_or_svg_by_extension(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], suffix: str, magic: bytes
 ) -> None:
@@ -230,7 +251,7 @@ def test_plot_writes_png_or_svg_by_extension(
     assert output.read_bytes().startswith(magic)
     assert f"wrote {output}" in capsys.readouterr().out
     if suffix == ".svg":
-        assert "n* /GPU:0 compute ≈ 46" in output.read_text()  # text stays text
+        assert "n* /GPU:0 compute ≈ 46" in output.read_text(encoding="utf-8")  # text stays text
 
 
 @needs_matplotlib

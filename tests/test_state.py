@@ -34,8 +34,9 @@ from tests.guardfakes import IDLE, sweep_with
 from tests.service import wait_until
 
 
-def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_again_counts_busy() -> None:
-    """Every core taken passes like a job does: the GPU is tried again; the CPU alone is not (it has no retries)."""
+def test_a_device_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_again_counts_busy() -> None:
+    """Every core taken passes like a job does: the GPU is tried again, and the CPU too (issue 55: a first sweep beside
+    a busy core served nothing until the next scheduled sweep, 15 minutes later)."""
     _, outcome = sweep_with(lambda _: IDLE)
     snapshot = outcome.snapshot
     assert snapshot is not None
@@ -43,8 +44,8 @@ def test_a_gpu_withheld_for_a_busy_host_is_retried_and_a_retry_that_finds_it_so_
         Withheld(backend="fake", device=d, reason=WithheldReason.CPU_CONTENDED, detail="every core taken")
         for d in ("/GPU:0", "/CPU:0")
     ]
-    assert dataclasses.replace(snapshot, withheld=tuple(contended)).gpus_to_retry == ("/GPU:0",)
-    assert dataclasses.replace(snapshot, withheld=(contended[1],)).gpus_to_retry == ()
+    assert dataclasses.replace(snapshot, withheld=tuple(contended)).devices_to_retry == ("/CPU:0", "/GPU:0")
+    assert dataclasses.replace(snapshot, withheld=(contended[1],)).devices_to_retry == ("/CPU:0",)
     store = StateStore()
     store.record(outcome)
     retry = dataclasses.replace(outcome, snapshot=dataclasses.replace(snapshot, withheld=(contended[0],)))

@@ -323,9 +323,10 @@ class _Session:
         )
 
     def retry_is_over(self) -> bool:
-        """A retry exists for its GPUs: once none of them can be timed, the CPU is not timed either."""
+        """A retry exists for its GPUs (where it has any: a CPU-only host's retries the CPU alone): once none of them
+        can be timed, the CPU is not timed either."""
         gpus = [d.device for d in self.devices if d.kind == "gpu"]
-        return self.plan.retry and all(gpu in self.withheld | self.failed for gpu in gpus)
+        return self.plan.retry and bool(gpus) and all(gpu in self.withheld | self.failed for gpu in gpus)
 
     def withhold(self, verdict: Withheld) -> None:
         self.withheld.add(verdict.device)
@@ -460,13 +461,13 @@ def _refuse_what_cannot_fit(session: _Session, memory: MemoryLimit | None) -> se
 
 
 def _any_gpu_free(session: _Session, devices: list[DeviceInfo]) -> bool:
-    """Look at every GPU before anything is timed; withhold the busy ones. False if none is free."""
+    """Look at every GPU before anything is timed; withhold the busy ones. False if there are GPUs and none is free."""
     gpus = [d for d in devices if d.kind == "gpu"]
     for gpu in gpus:
         verdict = session.guard.before_gpu_point(gpu)
         if verdict is not None:
             session.withhold(verdict)
-    return any(gpu.device not in session.withheld for gpu in gpus)
+    return not gpus or any(gpu.device not in session.withheld for gpu in gpus)
 
 
 def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> None:
