@@ -1178,6 +1178,7 @@ def planted_drift(prometheus: Prometheus, planted: str) -> dict[str, Any]:
     alerts: dict[str, int] = defaultdict(int)
     on_planted = []
     elsewhere: dict[str, set[str]] = defaultdict(set)
+    firing_elsewhere: list[dict[str, str]] = []
     for row in prometheus.query("ALERTS")["result"]:
         labels = row["metric"]
         alerts[f"{labels['alertname']} {labels['alertstate']}"] += 1
@@ -1185,11 +1186,14 @@ def planted_drift(prometheus: Prometheus, planted: str) -> dict[str, Any]:
             on_planted.append(f"{labels['alertname']} {labels['alertstate']} {labels.get('mode', '')}".strip())
         else:
             elsewhere[f"{labels['alertname']} {labels['alertstate']}"].add(labels.get("instance", ""))
+            if labels["alertstate"] == "firing":  # which rule of the alert, on what: a false alert to look into
+                firing_elsewhere.append({k: v for k, v in labels.items() if k not in {"__name__", "job"}})
     return {
         "nstar_over_others": ratio,
         "alerts": dict(alerts),
         "alerts_on_planted": sorted(set(on_planted)),
         "nodes_alerting_elsewhere": {name: len(nodes) for name, nodes in sorted(elsewhere.items())},
+        "firing_elsewhere": firing_elsewhere,
     }
 
 

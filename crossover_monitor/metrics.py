@@ -179,6 +179,13 @@ WORKER_CPU = _metric(
     "CPU time the worker of the latest completed sweep used, all its threads",
     fleet=True,
 )
+WORKER_CPU_TOTAL = _metric(
+    "matmul_worker_cpu_seconds",
+    "CPU time the workers of sweeps and of retries used since the service started, all their threads",
+    ("run",),
+    "counter",
+    fleet=True,
+)
 WORKER_MEMORY = _metric(
     "matmul_sweep_worker_peak_memory_bytes",
     "Peak resident memory of the worker of the latest completed sweep",
@@ -446,6 +453,10 @@ class StateCollector(Collector):
         for retry, count in state.retries:
             retries.add_metric(_label_values(RETRIES, result=retry.value), count)
         yield retries
+        paid = _counter(WORKER_CPU_TOTAL)
+        for run, seconds in state.worker_cpu_s:
+            paid.add_metric(_label_values(WORKER_CPU_TOTAL, run=run), seconds)
+        yield paid
         for name, value in (
             (SWEEP_DURATION, state.last_outcome.duration_s if state.last_outcome is not None else None),
             (LAST_SUCCESS, state.last_success_at),

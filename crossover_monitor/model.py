@@ -721,6 +721,8 @@ class ServiceState:
     next_sweep_at: float | None = None
     next_retry_at: float | None = None  # when the devices withheld in the latest sweep are tried again; None: not
     retries: tuple[tuple[RetryResult, int], ...] = field(default_factory=lambda: tuple((r, 0) for r in RetryResult))
+    # The workers' CPU time since the service started, sweeps' and retries' apart (what the node paid for them).
+    worker_cpu_s: tuple[tuple[str, float], ...] = (("sweep", 0.0), ("retry", 0.0))
     # The configuration: whether the latest (re)load took, and when one last did (start-up counts).
     config_loaded: bool | None = None
     config_loaded_at: float | None = None

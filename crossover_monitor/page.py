@@ -256,7 +256,8 @@ class SweepPicture:
     """The latest sweep's chart as SVG, drawn at the first ask for each served snapshot and kept.
 
     Drawn on the asking thread, once per sweep: a real sweep's chart takes a few milliseconds, the largest the
-    limits allow (64 curves in 8 panels) under 20 ms (benchmarks/README.md, "The landing page's picture without matplotlib").
+    limits allow (64 curves in 8 panels) under 20 ms (benchmarks/README.md, "The landing page's picture without
+    matplotlib").
     """
 
     def __init__(self, draw: Callable[[Snapshot], bytes] = draw) -> None:

@@ -82,7 +82,7 @@ class StateStore:
         with self._history_order:
             with self._lock:
                 outcome = self._as_loaded(outcome)
-                state = _counted(self._state, outcome.result)
+                state = _paid(_counted(self._state, outcome.result), "sweep", outcome)
                 changes: dict[str, object] = {"last_outcome": outcome}
                 if outcome.snapshot is not None:
                     changes["latest"], changes["recent"] = served(state.latest, outcome.snapshot, recent=state.recent)
@@ -111,7 +111,7 @@ class StateStore:
         with self._history_order:
             with self._lock:
                 outcome = self._as_loaded(outcome)
-                state = self._state
+                state = _paid(self._state, "retry", outcome)
                 snapshot = outcome.snapshot
                 if snapshot is None or not outcome.result.completed:
                     result = RetryResult.FAILED
@@ -232,6 +232,15 @@ def _typical_others(snapshot: Snapshot) -> float | None:
     """The median of what others used of the host over the sweep's metered configured points (None: none said)."""
     readings = [others for _, others in _metered(snapshot)]
     return statistics.median(readings) if readings else None
+
+
+def _paid(state: ServiceState, run: str, outcome: SweepOutcome) -> ServiceState:
+    """The state with the worker CPU time of ``outcome`` (a run of kind ``run``) added, where the worker said it."""
+    cost = outcome.snapshot.worker_cpu_seconds if outcome.snapshot is not None else None
+    if cost is None:
+        return state
+    paid = tuple((k, s + cost if k == run else s) for k, s in state.worker_cpu_s)
+    return dataclasses.replace(state, worker_cpu_s=paid)
 
 
 def _counted(state: ServiceState, result: SweepResult) -> ServiceState:

@@ -18,6 +18,7 @@ import pytest
 from crossover_monitor.config import settings_from_mapping
 from crossover_monitor.coordinator import SweepCoordinator
 from crossover_monitor.daemon import Service
+from crossover_monitor.metrics import parse_exposition, render_state
 from crossover_monitor.model import (
     WORKER_CPU_SECONDS,
     CrossoverState,
@@ -142,6 +143,24 @@ def test_retries_stop_once_another_would_cost_more_worker_cpu_than_a_sweep(caplo
         assert coordinator._retry_affordable()  # looks that find the host busy again cost little: 10 + 5 <= 40
         coordinator._record(_outcome(SweepResult.FAILED, None, withheld=True), retry=True)
         assert not coordinator._retry_affordable()  # a retry of unknown cost counts as a whole sweep's
+
+
+def test_what_the_workers_of_sweeps_and_of_retries_cost_is_counted_apart_and_exported() -> None:
+    """matmul_worker_cpu_seconds_total{run}: the retries' worker CPU time is in the sweep-cost figures, beside the
+    sweeps'; a run whose worker did not say what it used adds nothing (no zero in place of a figure)."""
+    store = StateStore()
+    store.record(_outcome(SweepResult.PARTIAL, 40.0, withheld=True))
+    store.record_retry(_outcome(SweepResult.WITHHELD, 5.5, withheld=True))
+    store.record_retry(_outcome(SweepResult.FAILED, None, withheld=True))
+    store.record(_outcome(SweepResult.SUCCESS, 41.0, withheld=False))
+    assert dict(store.read().worker_cpu_s) == {"sweep": 81.0, "retry": 5.5}
+    body, _ = render_state(store.read(), "", backend="fake", profile="fleet")
+    exported = {
+        labels["run"]: value
+        for name, labels, value in parse_exposition(body.decode())
+        if name == "matmul_worker_cpu_seconds_total"
+    }
+    assert exported == {"sweep": 81.0, "retry": 5.5}
 
 
 @contextlib.contextmanager
