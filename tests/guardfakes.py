@@ -16,12 +16,16 @@ from typing import Any
 from crossover_monitor.bench.contract import BackendOptions, RunBlock
 from crossover_monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
 from crossover_monitor.bench.runner import run_plan
+from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.daemon import Service
 from crossover_monitor.model import (
     DeviceInfo,
     HostReference,
     Measurement,
     Mode,
     PointFigure,
+    RetryResult,
+    ServiceState,
     SweepOutcome,
     SweepResult,
     Withheld,
@@ -29,7 +33,7 @@ from crossover_monitor.model import (
 from crossover_monitor.protocol import Message, Plan
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
-from tests.conftest import make_plan
+from tests.conftest import free_port, make_plan
 from tests.fakes import CurveBackend
 
 OWN_PID = 1000
@@ -241,3 +245,31 @@ def sweep_with(script: Callable[[int], GpuSample], plan: Plan | None = None) -> 
     guard = fake_guard(FakeSampler(script))
     outcome = run_sweep(plan, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
     return outcome.result, outcome
+
+
+def until_a_retry_measures(
+    launch: Callable[[Plan], ThreadWorker], watch: Callable[[ServiceState], object] = lambda _: None
+) -> ServiceState:
+    """The daemon (1-hour schedule, the known curves, compute mode, one GPU expected, retries every 10 s: the shortest
+    allowed) with workers from ``launch``, run until a retry measures or a minute has passed; its state then.
+    ``watch`` is given the state at each look meanwhile."""
+    settings = settings_from_mapping(
+        {
+            "schedule": {"interval": "1h"},
+            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
+            "guard": {"retry_interval": "10s"},
+            "server": {"listen": f"127.0.0.1:{free_port()}"},
+        }
+    )
+    service = Service(settings, launch=launch)
+    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
+            watch(service.read_state())
+            time.sleep(0.1)
+        return service.read_state()
+    finally:
+        service.stop()
+        thread.join(10)

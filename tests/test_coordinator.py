@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,16 +33,13 @@ from crossover_monitor.settings import BenchmarkSettings, HistorySettings, Refin
 from crossover_monitor.state import StateStore
 from tests.conftest import QUICK_TIMING, free_port
 from tests.fakes import SteppedClock
-from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard
+from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard, until_a_retry_measures
 from tests.service import wait_until
 
 
 @pytest.mark.slow
 def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
     """The daemon: a GPU busy in the sweep is retried after retry_interval, and the retry's timings are served."""
-    from crossover_monitor.config import settings_from_mapping  # noqa: PLC0415
-    from crossover_monitor.daemon import Service  # noqa: PLC0415
-
     busy = dataclasses.replace(IDLE, processes=(JOB,))
     launches: list[Plan] = []
 
@@ -52,25 +48,7 @@ def test_service_retries_a_busy_gpu_until_it_is_measured() -> None:
         script = (lambda _: busy) if len(launches) == 1 else (lambda _: IDLE)  # the job ends before the retry
         return ThreadWorker(plan, fake_guard(FakeSampler(script)))
 
-    settings = settings_from_mapping(
-        {
-            "schedule": {"interval": "1h"},
-            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
-            "guard": {"retry_interval": "10s"},  # the shortest allowed
-            "server": {"listen": f"127.0.0.1:{free_port()}"},
-        }
-    )
-    service = Service(settings, launch=launch)
-    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
-            time.sleep(0.1)
-        state = service.read_state()
-    finally:
-        service.stop()
-        thread.join(10)
+    state = until_a_retry_measures(launch)
     assert dict(state.retries)[RetryResult.MEASURED] == 1
     assert launches[1].bench.devices == ("/CPU:0", "/GPU:0")  # the retry times the busy GPU and the CPU beside it
     assert launches[1].bench.expect_gpus == 0  # it names some GPUs only: the others are not missing

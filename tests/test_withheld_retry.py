@@ -8,8 +8,6 @@ import logging
 import os
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,6 @@ import pytest
 
 from crossover_monitor.config import settings_from_mapping
 from crossover_monitor.coordinator import SweepCoordinator
-from crossover_monitor.daemon import Service
 from crossover_monitor.metrics import parse_exposition, render_state
 from crossover_monitor.model import (
     WORKER_CPU_SECONDS,
@@ -33,8 +30,7 @@ from crossover_monitor.model import (
 from crossover_monitor.protocol import Plan
 from crossover_monitor.state import StateStore
 from tests.builders import snapshot
-from tests.conftest import free_port
-from tests.guardfakes import IDLE, FakeHost, FakeSampler, ThreadWorker, fake_guard
+from tests.guardfakes import IDLE, FakeHost, FakeSampler, ThreadWorker, fake_guard, until_a_retry_measures
 from tests.service import RunningService, find
 
 
@@ -68,26 +64,7 @@ def test_a_cpu_withheld_beside_busy_cores_is_retried_with_its_gpu_and_the_retry_
         host = FakeHost([4.0] if len(launches) == 1 else [0.0], cores=4)
         return ThreadWorker(plan, fake_guard(FakeSampler(lambda _: IDLE), host))
 
-    settings = settings_from_mapping(
-        {
-            "schedule": {"interval": "1h"},
-            "benchmark": {"sizes": [16, 32, 64, 128], "modes": ["compute"], "expect_gpus": 1},
-            "guard": {"retry_interval": "10s"},
-            "server": {"listen": f"127.0.0.1:{free_port()}"},
-        }
-    )
-    service = Service(settings, launch=launch)
-    thread = threading.Thread(target=service.run, kwargs={"install_signal_handlers": False}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and dict(service.read_state().retries)[RetryResult.MEASURED] < 1:
-            due.append(service.read_state().next_retry_at)
-            time.sleep(0.1)
-        state = service.read_state()
-    finally:
-        service.stop()
-        thread.join(10)
+    state = until_a_retry_measures(launch, watch=lambda served: due.append(served.next_retry_at))
     assert dict(state.retries)[RetryResult.MEASURED] == 1
     assert launches[1].bench.devices == ("/CPU:0", "/GPU:0")
     assert state.last_outcome is not None
