@@ -44,6 +44,7 @@ ADDED_SINCE_RECORDING = {
     metrics.CONFIG_LOADED_AT,
     metrics.WORKER_CPU,  # what a sweep costs the node (issue 35)
     metrics.WORKER_MEMORY,
+    metrics.WORKER_CPU_TOTAL + "_total",  # the workers' CPU time by sweeps and retries (issue 55)
     metrics.POINTS_WITHHELD,  # points withheld alone (issue 32)
     metrics.USUAL_OTHER_LOAD,  # the node's usual load (issue 32)
     metrics.LARGEST_FLOPS,  # the fleet profile's throughput (issue 52): held against the curve below
