@@ -257,7 +257,7 @@ class SweepCoordinator:
         )
 
     def _count_cost(self, outcome: SweepOutcome, *, retry: bool) -> None:
-        cost = outcome.snapshot.worker_cpu_seconds if outcome.snapshot is not None else None
+        cost = outcome.worker_cpu_seconds
         self._last_run_cpu_s = cost
         if retry:
             self._retries_cpu_s += cost or 0.0

@@ -708,6 +708,11 @@ class SweepOutcome:
     def duration_s(self) -> float:
         return self.finished_at - self.started_at
 
+    @property
+    def worker_cpu_seconds(self) -> float | None:
+        """What its worker used of the CPU, where the worker completed and said."""
+        return self.snapshot.worker_cpu_seconds if self.snapshot is not None else None
+
 
 @dataclass(frozen=True, kw_only=True)
 class ServiceState:

@@ -236,7 +236,7 @@ def _typical_others(snapshot: Snapshot) -> float | None:
 
 def _paid(state: ServiceState, run: str, outcome: SweepOutcome) -> ServiceState:
     """The state with the worker CPU time of ``outcome`` (a run of kind ``run``) added, where the worker said it."""
-    cost = outcome.snapshot.worker_cpu_seconds if outcome.snapshot is not None else None
+    cost = outcome.worker_cpu_seconds
     if cost is None:
         return state
     paid = tuple((k, s + cost if k == run else s) for k, s in state.worker_cpu_s)
