@@ -5,7 +5,9 @@ Prometheus 2.42 asks for, with the process's own series) for a state built as th
 recorded single-GPU scrape (``--node``) read back into a sweep, its GPU repeated ``--gpus`` times. Between sweeps
 (15 minutes) only values move: each GPU's n* per mode is the recorded one times a ratio drawn from the idle sweeps
 of ``--spreads`` (each run's n* over its own median), each point's time moves about 2%, the timestamps and the
-success counter step; the first node's n* moves x1.4 in its last 3 hours (the planted drift).
+success counter step; the first node's n* moves x1.4 in its last 3 hours (the planted drift). While they are measured
+the nodes go on sweeping: each serves its next sweep (timestamps, counter and a new draw of n*) every 15 minutes
+after the history's last, so that no result turns stale however long the run takes.
 
 The history (``--history``) is written as OpenMetrics and turned into blocks with ``promtool tsdb
 create-blocks-from openmetrics``, two hours at a time. A series that a rule reads over a range or at an offset
@@ -555,12 +557,26 @@ class SimNode:
     ratios: list[dict[tuple[str, str], float]]  # each sweep's n* over the served one, per (gpu, mode)
     noise: list[list[float]]  # each sweep's factor on each series' point time (1 for the others)
     offset: float  # where in the scrape interval Prometheus would scrape it
+    # The body after ``j`` more sweeps than the history holds (the run goes on sweeping while it is measured: a body
+    # held at the history's last sweep would turn stale, and MatmulResultsStale would fire on every node).
+    later: Callable[[int], bytes] | None = None
+    later_bodies: dict[int, bytes] = dataclasses.field(default_factory=dict)
     dense: list[int] = dataclasses.field(default_factory=list)
     sparse: list[int] = dataclasses.field(default_factory=list)
     prefixes: list[str] = dataclasses.field(default_factory=list)
     cached: tuple[int, list[str], list[str], list[str]] | None = None
     sparse_written: int = -1
     recorded_slot: int = -1
+
+    def body_at(self, t: float) -> bytes:
+        """What the node serves at ``t``: its latest sweep then, one every SWEEP_S after the history's last."""
+        j = int((t - self.finished[-1]) // SWEEP_S)
+        if j <= 0 or self.later is None:
+            return self.body
+        if j not in self.later_bodies:
+            self.later_bodies.clear()  # one sweep's body at a time: at 1,000 nodes they are tens of MB
+            self.later_bodies[j] = self.later(j)
+        return self.later_bodies[j]
 
     def sweep_at(self, t: float) -> int:
         return max(0, bisect.bisect_right(self.finished, t) - 1)
@@ -646,6 +662,27 @@ def simulate(
                 for key in sorted(set(points.values()))  # sorted: a set's order would change the draws
             }
             noise.append([factor[points[i]] if i in points else 1.0 for i in range(len(names))])
+
+        def later(
+            j: int, *, node: int = node, last: float = last, sweeps: int = sweeps, loaded_at: float = finished[0] - 3600
+        ) -> bytes:
+            drawn_then = random.Random(f"{seed}-{node}-live-{j}")
+            nstar = {
+                (k, mode): drawn_then.choice(ratios[mode]) * (PLANT_FACTOR if node == 0 else 1.0)
+                for k in range(gpus)
+                for mode in ("compute", "end_to_end")
+            }
+            state = node_state(
+                base,
+                gpus=gpus,
+                node=node,
+                finished=last + j * SWEEP_S,
+                nstar=nstar,
+                sweeps=sweeps + j,
+                loaded_at=loaded_at,
+            )
+            return render_node(state, profile, backend=backend, exposition=exposition)[0]
+
         now = drawn[-1]
         ratios_by_name = [
             {(_gpu_name(gpu, g), mode): r / now[g, mode] for (g, mode), r in sweep.items()} for sweep in drawn
@@ -663,6 +700,7 @@ def simulate(
                 ratios=ratios_by_name,
                 noise=noise,
                 offset=rng.uniform(0, scrape_s),
+                later=later,
             )
         )
     return nodes
@@ -911,19 +949,19 @@ def disk_bytes(path: Path) -> int:
 @contextlib.contextmanager
 def serving(nodes: Sequence[SimNode]) -> Iterator[int]:
     """An HTTP server on a free loopback port answering /node/NAME with that node's body; its port."""
-    bodies = {f"/node/{node.instance}": (node.body, node.content_type) for node in nodes}
+    by_path = {f"/node/{node.instance}": node for node in nodes}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_GET(self) -> None:
-            found = bodies.get(self.path)
-            if found is None:
+            node = by_path.get(self.path)
+            if node is None:
                 self.send_error(404)
                 return
-            body, content_type = found
+            body = node.body_at(time.time())
             self.send_response(200)
-            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Type", node.content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

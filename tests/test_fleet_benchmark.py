@@ -58,3 +58,41 @@ def test_smoke_run_measures_every_rule_group_over_three_simulated_nodes(tmp_path
     moved = measured["planted"]["nstar_over_others"]
     assert set(moved) == {"compute", "end_to_end"}
     assert all(ratio > 1.2 for ratio in moved.values()), moved  # planted x1.4
+
+
+def test_nodes_go_on_sweeping_while_measured() -> None:
+    """A simulated node serves a new sweep every 15 minutes after its history's last (timestamps, success counter and
+    a new draw of n*), so that a run measured for longer than two sweep intervals does not turn every node stale."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import fleet  # noqa: PLC0415 - the benchmark script, importable only from its folder
+
+    from crossover_monitor import metrics  # noqa: PLC0415
+
+    base, backend = fleet.recorded_state(fleet.DEFAULT_NODE)
+    (node,) = fleet.simulate(
+        1,
+        base=base,
+        backend=backend,
+        gpus=2,
+        profile="fleet",
+        ratios=fleet.idle_ratios(fleet.DEFAULT_SPREADS),
+        end=1_800_000_000.0,
+        history_s=3 * 3600,
+        scrape_s=30,
+        seed=3,
+    )
+    last = node.finished[-1]
+
+    def served(t: float) -> dict[str, list[float]]:
+        found: dict[str, list[float]] = {}
+        for name, _, value in metrics.parse_exposition(node.body_at(t).decode()):
+            found.setdefault(name, []).append(value)
+        return found
+
+    now, later = served(last + 60), served(last + 2 * fleet.SWEEP_S + 60)
+    assert now["matmul_sweep_last_success_timestamp_seconds"] == [last]
+    assert later["matmul_sweep_last_success_timestamp_seconds"] == [last + 2 * fleet.SWEEP_S]
+    assert later["matmul_crossover_timestamp_seconds"] == [
+        t + 2 * fleet.SWEEP_S for t in now["matmul_crossover_timestamp_seconds"]
+    ]
+    assert later["matmul_crossover_size"] != now["matmul_crossover_size"]  # n* drawn again
