@@ -186,9 +186,11 @@ def fake_guard(
     )
 
 
-def run_guarded(guard: Guard, plan: Plan | None = None) -> tuple[CountingBackend, list[Message]]:
+def run_guarded(
+    guard: Guard, plan: Plan | None = None, backend: CountingBackend | None = None
+) -> tuple[CountingBackend, list[Message]]:
     """The real runner timing ``plan`` (the known curves, compute mode, by default) under ``guard``."""
-    backend = CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
+    backend = backend or CountingBackend(BackendOptions(tf32=False, cpu_threads=1))
     messages: list[Message] = []
     run_plan(
         plan or make_plan("tests.fakes:curve", modes=("compute",)), backend, messages.append, time.perf_counter, guard
