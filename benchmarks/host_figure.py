@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crossover_monitor.bench.guard import host_allowance
+from crossover_monitor.bench.rule import host_allowance
 from crossover_monitor.model import HostReference
 from crossover_monitor.settings import GuardSettings
 

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared_node import host_readings
 
-from crossover_monitor.bench.guard import host_share_at, past_idle_range
+from crossover_monitor.bench.guard import host_share_at
+from crossover_monitor.bench.rule import past_idle_range
 from crossover_monitor.model import DeviceKind, PointKey, PointMedians
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.state import POINT_MEDIANS_KEPT

@@ -52,7 +52,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from crossover_monitor import crossover as crossover_module  # noqa: E402
-from crossover_monitor.bench.guard import host_share_at, past_idle_range  # noqa: E402
+from crossover_monitor.bench.guard import host_share_at  # noqa: E402
+from crossover_monitor.bench.rule import past_idle_range  # noqa: E402
 from crossover_monitor.crossover import crossovers  # noqa: E402
 from crossover_monitor.metrics import parse_exposition  # noqa: E402
 from crossover_monitor.model import (  # noqa: E402

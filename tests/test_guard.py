@@ -23,7 +23,6 @@ import pytest
 
 from crossover_monitor.bench.common import cpu_device
 from crossover_monitor.bench.guard import (
-    DISTURBED_PAUSE_S,
     GpuProcess,
     GpuSample,
     GpuSampler,
@@ -32,6 +31,7 @@ from crossover_monitor.bench.guard import (
     JudgedPoint,
 )
 from crossover_monitor.bench.podresources import PodResourcesUnavailable
+from crossover_monitor.bench.rule import DISTURBED_PAUSE_S
 from crossover_monitor.bench.timing import BlockWatch
 from crossover_monitor.errors import EXIT_WITHHELD
 from crossover_monitor.model import (

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.bench.guard import host_share_at, past_idle_range
+from crossover_monitor.bench.guard import host_share_at
+from crossover_monitor.bench.rule import past_idle_range
 from crossover_monitor.model import CrossoverState, ServiceState, SweepOutcome, WithheldReason
 from crossover_monitor.settings import GuardSettings
 from crossover_monitor.state import StateStore

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor import history as history_module
-from crossover_monitor.bench.guard import host_allowance
+from crossover_monitor.bench.rule import host_allowance
 from crossover_monitor.history import FILE_NAME, RunHistory
 from crossover_monitor.model import (
     HOST_REFERENCE,

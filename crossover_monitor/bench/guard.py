@@ -11,6 +11,7 @@ idle figure, and, while other programs use the host or the reference read it slo
 against its idle range over recent calm sweeps (a neighbour can slow a framework's pool threads without the
 reference feeling it, or by more than the reference's reading says).
 Every sample also feeds the hardware context recorded for the sweep (clocks, throttling, link).
+What each of those facts makes of a point is decided in ``rule.py``, not here: this module gathers them.
 
 Pure apart from the samplers, meters, clock and sleep it is given, so that tests drive it with fakes.
 """
@@ -24,7 +25,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from crossover_monitor.bench import rule
 from crossover_monitor.bench.podresources import PodResourcesUnavailable
+from crossover_monitor.bench.rule import DISTURBED_PAUSE_S, host_allowance
 from crossover_monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, BlockWatch
 from crossover_monitor.model import (
     FORK_JOIN,
@@ -39,28 +42,11 @@ from crossover_monitor.model import (
     PointKey,
     Withheld,
     WithheldReason,
-    others_gate,
     relative_iqr,
     same_timing,
 )
 from crossover_monitor.settings import GuardSettings
 
-# A container's quota throttles a thread team that spins now and then; up to this share of a point is let pass.
-_THROTTLING_TOLERATED = 0.02
-DISTURBED_PAUSE_S = 1.0  # a disturbed point is timed again after this pause (a burst may have passed)
-# A host reading may be this many relative IQRs of the idle readings slower before the host counts as slowed
-# (about 3 standard deviations of a normal spread), and a sweep without an idle baseline judges nothing before
-# it has this many readings of its own.
-_SPREADS_ALLOWED = 2.0
-# ... but never past this: a reference that noisy cannot tell a host that slows the points by half, and the
-# allowance it would earn let GPU points 1.5x their idle range pass beside one busy core on a noisy H100
-# (allowed 85% after a first sweep whose readings spread by 42%; benchmarks/README.md, "Blocks set aside").
-_SPREAD_ALLOWANCE_AT_MOST = 0.25
-_READINGS_TO_JUDGE = 8
-# A point whose host share is at least this is judged by its own idle range while others use the host; one
-# mostly the GPU's is left to NVML's look (it moving is the GPU's news, which the alerts are for). A quarter: a
-# 4-thread BLAS job moved TensorFlow's GPU compute n = 1024, about a third of it dispatch, 1.18x on an H200.
-_HOST_BOUND_SHARE = 0.25
 N = TypeVar("N", int, float)
 
 
@@ -76,11 +62,6 @@ class GpuProcess:
     used_memory_bytes: int | None = None  # None: the driver does not say
     # Its SM utilisation over the last second from NVML's per-process samples; None: not known.
     sm_utilization_pct: float | None = None
-
-    def idle_below(self, max_bytes: int) -> bool:
-        """A stray context: no kernel in the last second and no more memory than ``max_bytes``."""
-        memory, busy = self.used_memory_bytes, self.sm_utilization_pct
-        return busy is not None and busy == 0 and memory is not None and memory <= max_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -382,19 +363,13 @@ class Guard:
                 record.own_memory_max = max(own, record.own_memory_max or 0)
         others = self._other_processes(sample)
         record.others_max = max(record.others_max, len(others))
-        seen: list[str] = []
-        if len(others) > self._settings.gpu_max_other_processes:
-            names = ", ".join(f"pid {p.pid} {p.name}" for p in others[:5])
-            seen.append(f"{len(others)} other process{'es' if len(others) != 1 else ''} ({names})")
         # Utilisation says who only when this worker is not the one using the GPU: before its first point.
-        utilization = sample.utilization_pct
-        if (
-            before
-            and not record.timed
-            and utilization is not None
-            and utilization > self._settings.gpu_max_utilization_pct
-        ):
-            seen.append(f"{sample.utilization_pct:g}% utilisation before this worker used it")
+        seen = rule.busy_signs(
+            [(p.pid, p.name) for p in others],
+            sample.utilization_pct,
+            before_use=before and not record.timed,
+            settings=self._settings,
+        )
         if not seen:
             return None
         when = "before its point" if before else "while it was timed"
@@ -438,8 +413,7 @@ class Guard:
         in a container apart is noticed after the GPU's first point, when the worker's context joins it."""
         own = self._own_process(sample)
         others = [p for p in sample.processes if p is not own]
-        stray = self._settings.gpu_idle_process_max_mib * 2**20
-        return [p for p in others if not p.idle_below(stray)]
+        return [p for p in others if not rule.is_stray(p.used_memory_bytes, p.sm_utilization_pct, self._settings)]
 
     def _unguarded(self, device: DeviceInfo, problem: str) -> Withheld | None:
         if not self._settings.require_nvml:
@@ -472,7 +446,6 @@ class Guard:
             measure(None)
             return None
         cores = host.cores()
-        allowed = max(0, cores - threads) + self._settings.cpu_max_other_cores
         # Where they take every core (and the thread timing them), they wait for each other (TensorFlow's 2
         # threads on the idle 2-core VM: 0.1-0.6 cores per block): no neighbour's sign. In a work-stealing
         # pool a thread's wait costs the call nothing: the others take its share; but a pool of one thread has
@@ -489,16 +462,11 @@ class Guard:
             record.add_blocks(watches[-1])
 
         def problems(load: HostLoad) -> list[str]:
-            found = []
-            if load.other_cores > allowed:
-                used = f"other processes used {load.other_cores:.2f} cores of the {cores} this worker may use"
-                found.append(f"{used}, where its {threads} threads leave room for {allowed:.2f}")
-            if load.throttled_s > _THROTTLING_TOLERATED * load.wall_s:
-                found.append(f"the container's CPU quota throttled it for {load.throttled_s * 1000:.0f} ms")
+            found = rule.cpu_contention(
+                load.other_cores, load.throttled_s, load.wall_s, cores=cores, threads=threads, settings=self._settings
+            )
             stalled = watches[-1].problem()
-            if stalled is not None:
-                found.append(stalled)
-            return found
+            return found if stalled is None else [*found, stalled]
 
         return self._metered(host, device, watched, problems, record, host_share=lambda: 1.0, judged=judged)
 
@@ -527,11 +495,7 @@ class Guard:
             return None
 
         def problems(load: HostLoad) -> list[str]:
-            # Quota throttling is the CPU's criterion: the container's counter covers all of the worker's threads.
-            if load.own_wait is None or load.own_wait <= self._settings.gpu_max_host_wait:
-                return []
-            others = f"other processes used {load.other_cores:.2f} cores of the {host.cores()} meanwhile"
-            return [f"the thread timing it waited for a CPU {load.own_wait:.1%} of the time its point ran ({others})"]
+            return rule.gpu_contention(load.own_wait, load.other_cores, cores=host.cores(), settings=self._settings)
 
         record = self._gpus.setdefault(device.device, _GpuRecord())
         return self._metered(host, device, measure, problems, record, host_share=host_share, judged=judged)
@@ -547,16 +511,12 @@ class Guard:
         host_share: Callable[[], float],
         judged: JudgedPoint | None,
     ) -> Withheld | None:
-        """Time a point inside a host meter window; again after a pause if it was disturbed; then withhold it.
-
-        Beside what the meter counts, the host reference is read before and after the point: a host that
-        ran slower than its idle reference moved the point by about that slowdown times its host share. And
-        while others use the host, a host-bound point slower than its own idle range was moved by them. A point
-        that reads inside its own idle range was not moved, whatever the reference read (``_inside_own_range``).
-        """
-        found: list[str] = []
+        """Time a point inside a host meter window, read the host reference before and after it, and hand what
+        was seen to the rule (``rule.judge_try``); time it again after a pause where that says so."""
+        contended: list[str] = []
         slowed: str | None = None
         load = HostLoad(0.0, 0.0, 1.0)
+        facts: rule.TryFacts | None = None
         others = 0.0  # over every try: a point that stood once others left was still timed beside them first
         for attempt in range(2):
             if attempt:
@@ -568,27 +528,32 @@ class Guard:
             load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
             record.add_try(load)
             others = max(others, _others(load))
-            found = problems(load)
-            slowed = None
-            if not self._inside_own_range(judged):
-                slowed = self._slowed(load, host_share(), judged) or self._moved_past_own_range(load, judged)
-            if not found and slowed is None:
+            contended = problems(load)
+            facts = self._facts(load, host.cores(), host_share(), judged)
+            slowed = rule.judge_try(facts, self._settings)
+            if not contended and slowed is None:
                 break
         record.settle(load)
-        # A point timed while the reference read the host slowed (one its range let through, or one the slowdown
-        # moved by less than the allowance) was not timed with the host to itself: no reading, so that it does
-        # not join (and widen) its range: on an H100 whose host slowed by itself, ranges that took such points in
-        # would come to hold the slowed state. Nor one the reference read but could not judge yet (a sweep with no
-        # idle figure, before its first readings say how much they move): a first sweep on a slowed host is not
-        # calm.
-        self._last_others = None if self._reference_read_slowed(load) or self._reference_unjudged(load) else others
-        if found:
-            reason, detail = WithheldReason.CPU_CONTENDED, "; ".join(found if slowed is None else [*found, slowed])
-        elif slowed is not None:
-            reason, detail = WithheldReason.HOST_SLOWED, slowed
-        else:
-            return None
-        return Withheld(backend=device.backend, device=device.device, reason=reason, detail=detail + " (timed twice)")
+        # A point the reference read slowed, or could not judge yet, joins no idle range (``rule.calm_others``).
+        self._last_others = None if facts is None else rule.calm_others(facts, others)
+        return rule.point_verdict(device, contended, slowed)
+
+    def _facts(self, load: HostLoad, cores: int, share: float, judged: JudgedPoint | None) -> rule.TryFacts:
+        """What a try of the point saw, as the rule reads it."""
+        own = self._range_of(judged)
+        held = self._range_of(judged, stand_in=True)
+        return rule.TryFacts(
+            others=_others(load),
+            usual_others=self._others_floor,
+            cores=cores,
+            host_slowdown=load.host_slowdown,
+            reference_s=self._reference_best,
+            allowance=self._allowed(),
+            host_share=share,
+            own=None if own is None else _idle_range(*own, judged),
+            judged=None if held is None else _idle_range(*held, judged),
+            share_at_top=None if held is None or judged is None else judged.host_share_at(held[0].upper_s),
+        )
 
     def _read_reference(self) -> float | None:
         if self._reference is None or not self._settings.enabled:
@@ -616,45 +581,17 @@ class Guard:
 
     def _allowed(self) -> float | None:
         """How far the host may be slowed before a point counts as moved: ``host_max_slowdown``, or more
-        where the reference's readings move that much on their own (``_SPREADS_ALLOWED`` relative IQRs of
-        the idle baseline's, else of this sweep's first readings, up to ``_SPREAD_ALLOWANCE_AT_MOST``); None
+        where the reference's readings move that much on their own (``rule.SPREADS_ALLOWED`` relative IQRs of
+        the idle baseline's, else of this sweep's first readings, up to ``rule.SPREAD_ALLOWANCE_AT_MOST``); None
         while too few say how much they move."""
         if self._reference_baseline is not None:
             spread = self._reference_baseline.spread
-        elif len(self._readings) >= _READINGS_TO_JUDGE:
+        elif len(self._readings) >= rule.READINGS_TO_JUDGE:
             # The first readings only: a slowed stretch later in the sweep must not widen its own allowance.
-            spread = _relative_spread(self._readings[:_READINGS_TO_JUDGE])
+            spread = _relative_spread(self._readings[: rule.READINGS_TO_JUDGE])
         else:
             return None
         return host_allowance(self._settings.host_max_slowdown, spread)
-
-    def _slowed(self, load: HostLoad, share: float, judged: JudgedPoint | None = None) -> str | None:
-        """Why the point's time is the slowed host's, or None: the slowdown times its host share is in bounds."""
-        allowed = self._allowed()
-        if load.host_slowdown is None or self._reference_best is None or allowed is None:
-            return None
-        moved = (load.host_slowdown - 1.0) * min(max(share, 0.0), 1.0)
-        if moved <= allowed:
-            return None
-        reading = load.host_slowdown * self._reference_best
-        return (
-            f"the host ran {load.host_slowdown:.2f}x slower than its idle reference while it was timed "
-            f"({reading * 1e3:.3g} ms against {self._reference_best * 1e3:.3g} ms), which moves a point "
-            f"{share:.0%} of whose time is the host's by about {moved:.0%} (allowed {allowed:.0%})"
-            f"{self._against_own_range(judged)}"
-        )
-
-    def _against_own_range(self, judged: JudgedPoint | None) -> str:
-        """Where the point stood against its own idle range, for a reason that withholds it: what a user (or a
-        benchmark) checks the verdict by. Empty where it has no range yet."""
-        own = self._range_of(judged)
-        if own is None:
-            return ""
-        figure, median = own
-        return (
-            f"; it read {median * 1e3:.3g} ms, {median / figure.upper_s:.2f}x the top of its idle range over "
-            f"{figure.sweeps} calm sweeps"
-        )
 
     def _range_of(self, judged: JudgedPoint | None, *, stand_in: bool = False) -> tuple[PointFigure, float] | None:
         """The top of the point's own idle range (or, with ``stand_in``, of the range standing in where it has none:
@@ -668,67 +605,6 @@ class Guard:
         if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             return None
         return figure, median
-
-    def _inside_own_range(self, judged: JudgedPoint | None) -> bool:
-        """Whether the point read inside its own idle range (its medians in recent calm sweeps), widened by
-        ``host_max_slowdown``. Then its figure stands whatever the host reference read: the reference predicts how
-        far a slowed host moved the point, and this point, timed, did not move past its calm sweeps (on an idle H100,
-        2 of 7 sweeps withheld points alone by reference readings of 1.47-1.72x). A refinement's size, held against
-        the next configured size's range, is not let through by that range: it lies above the size's own."""
-        own = self._range_of(judged)
-        return own is not None and own[1] / own[0].upper_s - 1.0 <= self._settings.host_max_slowdown
-
-    def _reference_read_slowed(self, load: HostLoad) -> bool:
-        """Whether the host reference read the host slower than its idle figure by more than the allowance over
-        the point (whatever share of the point is the host's)."""
-        allowed = self._allowed()
-        return load.host_slowdown is not None and allowed is not None and load.host_slowdown - 1.0 > allowed
-
-    def _reference_unjudged(self, load: HostLoad) -> bool:
-        """Whether the host reference was read over the point but too few readings (and no idle figure) say yet
-        how far it may move."""
-        return load.host_slowdown is not None and self._allowed() is None
-
-    def _moved_past_own_range(self, load: HostLoad, judged: JudgedPoint | None) -> str | None:
-        """Why the point, timed while other programs (or the hypervisor) used at least
-        ``point_figure_other_cores`` of the host (above its usual load on a node never that quiet: ``others_gate``),
-        or while the host reference read the host slowed past its allowance, reads past the top of its idle range
-        (recent calm sweeps) by more than ``host_max_slowdown``,
-        or None. Only a host-bound point: the reference reads the timing thread, but a neighbour's BLAS thread
-        beside one of a framework's pool threads, or its memory traffic beside a copy, slows the point and leaves
-        the reference almost as fast (TensorFlow beside a 1-thread BLAS job on an H200: points 1.25-1.35x their
-        idle range while the reference read 1.07x); and a host that slowed by itself moved points further than
-        the reference's reading times their host share says (an idle H100, 2026-12-07: GPU compute n = 512 at
-        1.5x its other sweeps' while the reference's reading over it passed). With neither, a point past its
-        range is published: that is what a real change looks like."""
-        host = self._host
-        others = _others(load)
-        found = self._range_of(judged, stand_in=True)
-        gate = others_gate(self._others_floor, self._settings.point_figure_other_cores)
-        beside_others = others >= gate
-        if judged is None or host is None or found is None:
-            return None
-        if not beside_others and not self._reference_read_slowed(load):
-            return None
-        figure, median = found
-        top = figure.upper_s
-        # The share at the range's top, not at the slowed median, which a slowdown makes look less the host's.
-        share = judged.host_share_at(top)
-        ratio = past_idle_range(median, top, share, self._settings.host_max_slowdown)
-        if ratio is None or share is None:
-            return None
-        whose = "its idle range" if figure.key == judged.key else f"the idle range of n = {figure.key.size}"
-        if beside_others:
-            # Moved past the setting by the node's usual load: name it, as the gate is not the configured one.
-            usual = f" (usually {self._others_floor:.2f})" if gate > self._settings.point_figure_other_cores else ""
-            beside = f"others used {others:.2f} cores of the {host.cores()}{usual}"
-        else:
-            beside = f"the host reference read the host {load.host_slowdown or 1.0:.2f}x slower than its idle figure"
-        return (
-            f"it ran {ratio:.2f}x the top of {whose} over {figure.sweeps} calm sweeps ({median * 1e3:.3g} ms "
-            f"against {top * 1e3:.3g} ms, allowed {self._settings.host_max_slowdown:.0%}) while {beside}, and "
-            f"{share:.0%} of its time is the host's"
-        )
 
     def use_point_figures_timed_as(self, timed_as: str, environment: Mapping[str, str]) -> None:
         """Keep the points' ranges only if this sweep times its points as they were (``model.same_timing``):
@@ -796,27 +672,19 @@ def host_share_at(kind: DeviceKind, mode: Mode, size: int, fixed_s: float | None
     return None if fixed_s is None else min(1.0, fixed_s / seconds)
 
 
-def past_idle_range(median_s: float, top_s: float, share_at_top: float | None, allowed: float) -> float | None:
-    """How many times the top of its idle range a point read (``median_s / top_s``) where that is past it by more
-    than ``allowed`` (guard.host_max_slowdown) and the point is host-bound at the top (at least
-    ``_HOST_BOUND_SHARE`` of its time there is the host's); None otherwise, or where the top is not a time. The
-    rule the guard applies while others use the host, and what benchmarks replay over recorded sweeps."""
-    if not (math.isfinite(top_s) and top_s > 0) or share_at_top is None or share_at_top < _HOST_BOUND_SHARE:
-        return None
-    ratio = median_s / top_s
-    return ratio if ratio - 1.0 > allowed else None
+def _idle_range(figure: PointFigure, median_s: float, judged: JudgedPoint | None) -> rule.IdleRange:
+    stand_in = judged is not None and figure.key != judged.key
+    return rule.IdleRange(
+        median_s=median_s,
+        top_s=figure.upper_s,
+        sweeps=figure.sweeps,
+        stand_in_size=figure.key.size if stand_in else None,
+    )
 
 
 def _others(load: HostLoad) -> float:
     """Other programs' use of the host over a window, in cores: their processes', or the hypervisor's steal."""
     return max(load.other_cores, load.steal_cores)
-
-
-def host_allowance(host_max_slowdown: float, spread: float) -> float:
-    """How far the host may run slower than its figure before a point counts as moved: ``host_max_slowdown``, or
-    ``_SPREADS_ALLOWED`` times the reference's relative spread where that is wider, up to
-    ``_SPREAD_ALLOWANCE_AT_MOST``."""
-    return max(host_max_slowdown, min(_SPREADS_ALLOWED * spread, _SPREAD_ALLOWANCE_AT_MOST))
 
 
 def _relative_spread(readings: Sequence[float]) -> float:

@@ -12,9 +12,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from crossover_monitor.bench import rule
 from crossover_monitor.bench.contract import Backend
 from crossover_monitor.bench.guard import Guard, JudgedPoint, host_share_at
 from crossover_monitor.bench.hostinfo import affinity_text
+from crossover_monitor.bench.rule import Fate
 from crossover_monitor.bench.timing import Clock, measure, with_visit
 from crossover_monitor.crossover import SpeedupPoint, crossing_span, last_crossing, speedup_point
 from crossover_monitor.errors import BackendError, MeasurementFailed
@@ -252,13 +254,6 @@ class _Session:
                 timing = timings[-1]
                 # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
                 verdict = self.guard.after_gpu_point(device) or waited
-            # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran.
-            # (Busy at its first point is a job that was there first, or one the guard could only see
-            # once the worker's own context joined it in a separate PID namespace: no reason to stop.)
-            job_arrived = device.device in self.timed
-            if verdict is not None and verdict.reason is WithheldReason.GPU_BUSY and job_arrived:
-                self.yield_to(verdict)
-                return None
         else:
             run = self.backend.prepare(device, size, dtype, mode)
             timings = []
@@ -278,7 +273,14 @@ class _Session:
                 ),
             )
             timing = timings[-1]
-        if verdict is not None and verdict.reason is WithheldReason.HOST_SLOWED and timing is not None:
+        # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran. (Busy at its
+        # first point is a job that was there first, or one the guard could only see once the worker's own context
+        # joined it in a separate PID namespace: no reason to stop.)
+        fate = rule.fate_of(verdict, job_arrived=device.device in self.timed)
+        if verdict is not None and fate is Fate.SWEEP_STOPPED:
+            self.yield_to(verdict)
+            return None
+        if verdict is not None and fate is Fate.POINT_WITHHELD and timing is not None:
             raise _PointSetAside(dataclasses.replace(verdict, point=self.key(device, size, dtype, mode)), timing)
         if verdict is not None:
             self.withhold(verdict)
