@@ -4,7 +4,7 @@ Each run's sweeps (its idle phase's, then its co-tenant phase's, in the order th
 host reference's median. For every sweep this prints its median against the figure of the sweeps before it, as
 the service's state computes it (`HostReference.of`), and against the figure before 2026-12-07 (the median of
 fewer than four sweeps), each with the allowance the guard derives from the figure's spread
-(`guard.host_max_slowdown` widened by the spread, at most 25%); a `*` marks a sweep past it. A proxy: the guard
+(`guard.reference_max_slowdown` widened by the spread, at most 25%); a `*` marks a sweep past it. A proxy: the guard
 judges each point by the readings taken around it, not the sweep's median. Issue 32.
 
 Usage: ``python benchmarks/host_figure.py benchmarks/results/shared-node-*.json``
@@ -46,7 +46,7 @@ def sweeps_in_order(run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def judged(median_s: float, figure: HostReference) -> tuple[float, bool]:
-    allowed = host_allowance(GuardSettings().host_max_slowdown, figure.spread)
+    allowed = host_allowance(GuardSettings().reference_max_slowdown, figure.spread)
     ratio = median_s / figure.median_s
     return ratio, ratio - 1 > allowed
 

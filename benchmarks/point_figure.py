@@ -1,9 +1,9 @@
 """Each point's own idle range replayed over recorded shared_node.py runs: what the guard would have withheld.
 
-While other programs use at least ``guard.point_figure_other_cores`` of the host (the gate alone: the recorded runs
+While other programs use at least ``guard.range_others_cores`` of the host (the gate alone: the recorded runs
 are of quiet nodes, whose usual load is below it; ``model.others_gate``), the guard holds a host-bound
 point against the top of its idle range (its medians in recent calm sweeps, ``PointMedians.figure``), widened by
-``guard.host_max_slowdown``. This replays that rule over the cotenants phase of recorded runs, in the order the
+``guard.range_max_slowdown``. This replays that rule over the cotenants phase of recorded runs, in the order the
 sweeps ran, as the service keeps the ranges: each sweep's published points against the ranges of the calm sweeps
 before it (others below the gate), after which a calm sweep's points join them. It prints, per sweep, the points
 outside the run's idle range +-10% (shared_node.py's report: every idle sweep of the run, later ones too), those
@@ -69,7 +69,7 @@ def judge(
     """The sweep's published points against the run's idle range, and against their calm ranges so far."""
     published: dict[str, float] = service.get("published", {})
     others = others_cores(service)
-    allowed = GuardSettings().host_max_slowdown
+    allowed = GuardSettings().range_max_slowdown
     outside, withheld = {}, {}
     for point, seconds in published.items():
         medians = [s["published"][point] for s in idle if point in s.get("published", {})]
@@ -99,7 +99,7 @@ def judge(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="shared_node.py --out files with a cotenants phase")
-    parser.add_argument("--gate", type=float, default=GuardSettings().point_figure_other_cores, help="cores")
+    parser.add_argument("--gate", type=float, default=GuardSettings().range_others_cores, help="cores")
     parser.add_argument("--all-idle", action="store_true", help="ranges from every calm idle sweep of the run")
     args = parser.parse_args()
     totals = {"outside": 0, "still_outside": 0, "withheld_inside": 0, "idle_sweeps": 0, "idle_withholding": 0}

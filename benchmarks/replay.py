@@ -12,9 +12,9 @@ started firing.
 A sweep recorded before the service metered each point (no ``others_cores`` on its points: ``once --json`` and
 scrapes of /metrics from before 2026-12-06) is judged here as the guard judges one now while others use the host
 (``guard.past_idle_range``): where the sweep's own reading of other programs' load and steal over the CPU's points
-(its hardware context, standing for each point's) reaches ``guard.point_figure_other_cores`` (``model.others_gate``),
+(its hardware context, standing for each point's) reaches ``guard.range_others_cores`` (``model.others_gate``),
 each host-bound point is held against the top of its idle range in the replayed service's state (the calm sweeps drawn before it), and
-one past it by more than ``guard.host_max_slowdown`` is withheld (``host_slowed``) and its crossover derived
+one past it by more than ``guard.range_max_slowdown`` is withheld (``host_slowed``) and its crossover derived
 without it. The service would time such a point again first; a replay cannot, so it withholds at once.
 ``--unjudged`` draws them as they published. Scrapes (``.prom`` files, or a directory of them, each taken right
 after a sweep) are read back into sweeps: their medians and spreads, devices, environment and load readings.
@@ -259,7 +259,7 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
     others = max(loads)
     metered = tuple(dataclasses.replace(m, others_cores=others) for m in snapshot.measurements)
     withheld: list[Withheld] = []
-    if others >= others_gate(state.others_floor, guard.point_figure_other_cores):
+    if others >= others_gate(state.others_floor, guard.range_others_cores):
         figures = {f.key: f for f in state.point_figures}
         kinds = {d.device: d.kind for d in snapshot.devices}
         fixed = {
@@ -275,7 +275,7 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
             share = host_share_at(
                 kinds.get(key.device, "cpu"), key.mode, key.size, fixed.get((key.device, key.dtype)), figure.upper_s
             )
-            ratio = past_idle_range(m.timing.median_s, figure.upper_s, share, guard.host_max_slowdown)
+            ratio = past_idle_range(m.timing.median_s, figure.upper_s, share, guard.range_max_slowdown)
             if ratio is not None:
                 detail = (
                     f"replayed: {ratio:.2f}x the top of its idle range over {figure.sweeps} calm sweeps while others "
@@ -398,7 +398,7 @@ def served_sequence(
                 others = max((m.others_cores or 0.0 for m in sweep.snapshot.measurements), default=0.0)
                 judgements.update(
                     unmetered=1,
-                    beside_others=others >= others_gate(kept.others_floor, guard.point_figure_other_cores),
+                    beside_others=others >= others_gate(kept.others_floor, guard.range_others_cores),
                     withholding=added > 0,
                 )
                 judgements.update(points_withheld=added)

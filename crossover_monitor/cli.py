@@ -187,8 +187,9 @@ def _settings(args: argparse.Namespace, *, reloading: bool = False) -> Settings:
     settings = load_settings(getattr(args, "config", None), empty_ok=not reloading)
     if getattr(args, "listen", None) is not None:  # an empty --listen is an error, not the default
         settings = with_listen(settings, args.listen)
-    # Said at every load (start, reload, check-config, once): the host, not the file, may be what is too small.
-    for problem in memory_warnings(settings, memory_limit()):
+    # Said at every load (start, reload, check-config, once): the host, not the file, may be what is too small; and
+    # a key of an earlier release, which still works, should be rewritten.
+    for problem in (*settings.replaced, *memory_warnings(settings, memory_limit())):
         log.warning("configuration warning", extra={"source": settings.source, "problem": str(problem)})
     return settings
 

@@ -153,7 +153,8 @@ def _decode_dataclass(cls: type, data: Any, path: str, text: Text) -> Any:
         raise DecodeError(path, f"expected an object, got {abridged(data)}")
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    # Fields of earlier releases a type no longer has (its DROPPED): the run history still holds them.
+    unknown = sorted(set(data) - set(fields) - getattr(cls, "DROPPED", frozenset()))
     if unknown:
         raise DecodeError(path, f"unknown field {unknown[0]!r}")
     values = {}

@@ -14,7 +14,15 @@ from typing import Any, TypeVar
 from crossover_monitor.convert import Bad, listen_address
 from crossover_monitor.errors import ConfigError, Problem
 from crossover_monitor.memory import MemoryLimit, matrices_bytes, refusal, size_text
-from crossover_monitor.settings import ScheduleSettings, Section, ServerSettings, Settings, sections, yaml_key
+from crossover_monitor.settings import (
+    REPLACED_KEYS,
+    ScheduleSettings,
+    Section,
+    ServerSettings,
+    Settings,
+    sections,
+    yaml_key,
+)
 from crossover_monitor.text import abridged, show
 from crossover_monitor.yamlfile import YamlFileError, read_document
 
@@ -26,6 +34,7 @@ class _Reader:
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems
+        self.replaced: list[Problem] = []  # warnings: keys of earlier releases carried to their replacements
 
     def add(self, path: str, message: str) -> None:
         self.problems.append(Problem(path, message))
@@ -86,6 +95,8 @@ def _read_section(r: _Reader, data: Mapping[str, Any], cls: type[Section]) -> An
     for name in [name for name in section if f"{path}.{name}" in _REMOVED]:
         r.add(f"{path}.{name}", _REMOVED[f"{path}.{name}"])
         section = {k: v for k, v in section.items() if k != name}
+    for name in [name for name in section if f"{path}.{name}" in REPLACED_KEYS]:
+        section = _carried(r, section, path, name)
     inner = sections(cls)
     r.reject_unknown(section, keys_of(cls) | set(inner), path)
     values = _read_keys(r, section, cls, path)
@@ -94,6 +105,20 @@ def _read_section(r: _Reader, data: Mapping[str, Any], cls: type[Section]) -> An
     if adjust is not None:
         adjust(r, section, values)
     return _settled(r, cls, values, path)
+
+
+def _carried(r: _Reader, section: Mapping[str, Any], path: str, old: str) -> dict[str, Any]:
+    """``section`` with the replaced key ``old`` carried to each key that replaced it and not set there itself."""
+    new = REPLACED_KEYS[f"{path}.{old}"]
+    carried = {k: v for k, v in section.items() if k != old}
+    kept = [name for name in new if name in section]
+    carried.update({name: section[old] for name in new if name not in section})
+    names = ", ".join(f"{path}.{name}" for name in new)
+    message = f"replaced by {names} (one meaning each): its value {abridged(section[old])} is used for "
+    message += "each of them the file does not set" if kept else "each of them"
+    message += f" (the file's own {', '.join(kept)} kept)" if kept else ""
+    r.replaced.append(Problem(f"{path}.{old}", message + "; write those keys instead"))
+    return carried
 
 
 def _read_keys(r: _Reader, section: Mapping[str, Any], cls: type[Any], path: str) -> dict[str, Any]:
@@ -162,7 +187,9 @@ def settings_from_mapping(data: object, source: str = "<mapping>") -> Settings:
     r = _Reader(problems)
     top = sections(Settings)
     r.reject_unknown(data, set(top), "")
-    settings = Settings(**{name: _read_section(r, data, cls) for name, cls in top.items()}, source=source)
+    settings = Settings(
+        **{name: _read_section(r, data, cls) for name, cls in top.items()}, source=source, replaced=tuple(r.replaced)
+    )
     if problems:
         raise ConfigError(source, problems)
     return settings

@@ -7,7 +7,7 @@ import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 Mode = Literal["compute", "end_to_end"]
 DeviceKind = Literal["cpu", "gpu"]
@@ -128,7 +128,7 @@ OTHERS_SWEEPS_TO_JUDGE = 10
 
 def others_gate(others_floor: float, gate: float) -> float:
     """The load of other programs (cores) from which a point counts as timed beside others: ``gate``
-    (``guard.point_figure_other_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
+    (``guard.range_others_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
     others use the gate or more in nine sweeps of ten (``ServiceState.others_floor``), that usual load plus the gate
     (a step: at a usual load of just the gate, the gate doubles). Not the usual load plus the gate everywhere: on a
     quiet node whose others read 0.28-0.52 cores, the steal sweep of 2026-12-04 (0.82 cores, its host-bound points
@@ -307,7 +307,7 @@ class Measurement:
     role: Role = "sweep"
     # The most other programs (or the hypervisor's steal) used of the host over the point's timed tries that
     # stood, in cores; None where the guard did not meter it, or where the host reference read the host slowed
-    # over one of its visits. Below guard.point_figure_other_cores (``others_gate``: above a node's usual load where
+    # over one of its visits. Below guard.range_others_cores (``others_gate``: above a node's usual load where
     # it is never that quiet) the point was timed calm, and its median joins the point's idle range (``PointMedians``).
     others_cores: float | None = None
 
@@ -590,13 +590,14 @@ class HardwareContext:
     cpu_throttled_s: float | None = None  # CPU only: time the container's CPU quota throttled the worker
     # CPU only: of other_cpu_cores, the hypervisor's steal on our vCPUs (the most over its points), in cores
     cpu_steal_cores: float | None = None
-    # CPU only: the most the worker's threads waited for a CPU over one of its points, summed, in cores
-    cpu_threads_wait_cores: float | None = None
+    # Fields of earlier releases, read from the run history and dropped: the threads' wait over a whole point (the
+    # block watch judges it per block; the whole point's was recorded and never judged or exported).
+    DROPPED: ClassVar[frozenset[str]] = frozenset({"cpu_threads_wait_cores"})
     # CPU only: the share of its timed blocks set aside (and timed again) because the worker's threads
-    # waited for a CPU in them more than guard.host_max_slowdown cores' worth
+    # waited for a CPU in them more than guard.cpu_max_threads_wait cores' worth
     cpu_blocks_set_aside_ratio: float | None = None
     # The most the host reference ran slower than its idle reference over the device's points that stood
-    # (1.0: as fast; what guard.host_max_slowdown is held against, weighed by each point's host share).
+    # (1.0: as fast; what guard.reference_max_slowdown is held against, weighed by each point's host share).
     host_slowdown_max: float | None = None
 
 

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from crossover_monitor.convert import DURATION_PATTERN
-from crossover_monitor.settings import Key, Settings, sections, yaml_key
+from crossover_monitor.settings import REPLACED_KEYS, Key, Settings, sections, yaml_key
 
 SCHEMA_ID = "https://github.com/crossover-monitor/crossover-monitor/deploy/config.schema.json"
 
@@ -39,6 +39,13 @@ def _section(cls: type[Any]) -> dict[str, Any]:
         if (k := yaml_key(f)) is not None
     }
     properties.update({name: _section(sub) for name, sub in sections(cls).items()})
+    path = getattr(cls, "SECTION", "")
+    for old, new in REPLACED_KEYS.items():
+        section, _, name = old.rpartition(".")
+        if section == path:
+            replaced = f"replaced by {', '.join(f'{section}.{n}' for n in new)} (its value is used for each)"
+            properties[name] = {**properties[new[0]], "description": replaced, "deprecated": True}
+            properties[name].pop("default", None)
     # A section may be null too: the loader reads a null section as empty.
     return {"type": ["object", "null"], "additionalProperties": False, "properties": properties}
 

@@ -36,10 +36,17 @@ from crossover_monitor.convert import (
     number,
     speedup_factor,
 )
+from crossover_monitor.errors import Problem
 from crossover_monitor.model import BACKENDS, DTYPES, MODES, Mode, canonical_device
 from crossover_monitor.text import abridged
 
 DEFAULT_PORT = 9437
+# Keys of earlier releases, and the keys of one meaning each that replaced them: the reader carries an old key's value
+# to each of them the file does not set (so no verdict changes) and warns; the schema lists it as deprecated.
+REPLACED_KEYS: dict[str, tuple[str, ...]] = {
+    "guard.host_max_slowdown": ("reference_max_slowdown", "range_max_slowdown", "cpu_max_threads_wait"),
+    "guard.point_figure_other_cores": ("range_others_cores",),
+}
 
 
 class Conflict(NamedTuple):
@@ -339,30 +346,47 @@ class GuardSettings(Section):
             "a GPU point whose timing thread waited for a CPU more than this share of it is disturbed (1: never)",
         ),
     )
-    # A point that the host's slowdown (the host reference against its idle figure, times the share of the
-    # point's time that is the host's) moved by more than this is disturbed: timed again, then host_slowed;
-    # unless it read within this of the top of its own idle range (then it did not move).
-    host_max_slowdown: float = field(
+    # Row 4 of the rule (crossover_monitor/bench/rule.py): how far the host reference may read the host slower than
+    # its idle figure, weighed by the share of the point's time that is the host's, before the point counts as slowed.
+    reference_max_slowdown: float = field(
         default=0.10,
         metadata=key(
-            "host_max_slowdown",
+            "reference_max_slowdown",
             number(0, MAX_COUNT),
-            "a point a slower host moved by more than this share (the reference's slowdown × the point's host share)"
-            " is disturbed, unless it read within this share of its own idle range's top",
+            "a share: a point the host reference says a slower host moved by more (its slowdown × the point's host "
+            "share) is slowed; wider where the reference is noisy, up to 0.25",
         ),
     )
-    # While other programs (or the hypervisor) use at least this many cores (on a node whose others use this many in
-    # nine recent sweeps of ten, this many more than that usual load: model.others_gate), or the reference reads
-    # the host slowed past its allowance, a host-bound point is also held against its own idle range (its medians
-    # in recent sweeps that timed it with others below that and the reference inside its allowance): past its top
-    # by more than host_max_slowdown, it is disturbed like a point the slowed host moved.
-    point_figure_other_cores: float = field(
+    # Rows 3 and 5: how far a point may read past the top of its own idle range (its medians in recent calm sweeps).
+    range_max_slowdown: float = field(
+        default=0.10,
+        metadata=key(
+            "range_max_slowdown",
+            number(0, MAX_COUNT),
+            "a share: a point within this of its idle range's top stands whatever the reference read; past it by "
+            "more, beside others or a slowed host, it is slowed",
+        ),
+    )
+    # Row 2, a CPU point's blocks: its threads' run-queue wait over one timed block, in cores, past which the block
+    # is set aside (a fork-join call waits for its slowest thread).
+    cpu_max_threads_wait: float = field(
+        default=0.10,
+        metadata=key(
+            "cpu_max_threads_wait",
+            number(0, MAX_COUNT),
+            "cores: a CPU point's timed block in which its threads waited for a CPU more than this is set aside",
+        ),
+    )
+    # Row 5: the load of other programs (or the hypervisor's steal) from which a host-bound point is held against its
+    # idle range (on a node whose others use this many in nine recent sweeps of ten, this many more than that: the
+    # gate of model.others_gate, which also says which sweeps are calm enough to build the ranges).
+    range_others_cores: float = field(
         default=0.75,
         metadata=key(
-            "point_figure_other_cores",
+            "range_others_cores",
             number(0, MAX_COUNT),
-            "while others use this many cores (this many more than usual on a node never that quiet), or the host "
-            "reference reads the host slowed, a host-bound point past its own calm sweeps' range is disturbed",
+            "cores: while others use this many (this many more than usual on a node never that quiet), a host-bound "
+            "point past its idle range is slowed",
         ),
     )
     retry_interval_s: float = field(  # retry withheld devices this often until measured or the next sweep; 0: off
@@ -438,3 +462,5 @@ class Settings:
     server: ServerSettings = field(default_factory=ServerSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
     source: str = "<defaults>"
+    # Keys of earlier releases the file used, each carried to the keys that replaced it: said at every load.
+    replaced: tuple[Problem, ...] = field(default=(), compare=False)

@@ -185,7 +185,7 @@ class StateStore:
         self, kept: tuple[PointMedians, ...], snapshot: Snapshot, floor: float
     ) -> tuple[PointMedians, ...]:
         """``kept`` with this sweep's median of each configured point it timed while others used less than
-        ``guard.point_figure_other_cores`` (on a node never that quiet, that much above its usual load ``floor``, from
+        ``guard.range_others_cores`` (on a node never that quiet, that much above its usual load ``floor``, from
         the sweeps before: ``others_gate``; a refinement's sizes change from sweep to sweep: they have no range to
         keep), and without sizes the configuration no longer asks for. Under _lock.
 
@@ -195,7 +195,7 @@ class StateStore:
         sweeps that time it, as its median is published."""
         settings = self._settings
         others_at_most = others_gate(
-            floor, (settings.guard if settings is not None else GuardSettings()).point_figure_other_cores
+            floor, (settings.guard if settings is not None else GuardSettings()).range_others_cores
         )
         timed = {m.key: m.timing.median_s for m, others in _metered(snapshot) if others < others_at_most}
         by_key = {k.key: k for k in kept}

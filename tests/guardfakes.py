@@ -121,7 +121,6 @@ class FakeHost:
         cores: int = 4,
         waits: list[float | None] | None = None,
         throttled: list[float] | None = None,
-        threads_waits: list[float | None] | None = None,
         *,
         block_waits: Sequence[float | None] | None = None,
     ) -> None:
@@ -132,7 +131,6 @@ class FakeHost:
         self.blocks = 0
         self.waits = waits or [0.0]
         self.throttled = throttled or [0.0]
-        self.threads_waits = threads_waits or [None]
         self.windows = 0
         self._cores = cores
 
@@ -154,9 +152,8 @@ class FakeHost:
         load = self.loads[min(self.windows, len(self.loads) - 1)]
         wait = self.waits[min(self.windows, len(self.waits) - 1)]
         throttled = self.throttled[min(self.windows, len(self.throttled) - 1)]
-        threads_wait = self.threads_waits[min(self.windows, len(self.threads_waits) - 1)]
         self.windows += 1
-        return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait, threads_wait=threads_wait)
+        return HostLoad(other_cores=load, throttled_s=throttled, own_wait=wait)
 
 
 def fake_guard(

@@ -294,7 +294,9 @@ def config_text(port: int, **changes: object) -> str:
     config["server"]["listen"] = f"127.0.0.1:{port}"
     # Not tests of the guard: a CI machine's other load must not withhold the CPU (a sweep that measured
     # nothing is no success), nor the host's moves (a VM's vCPUs change speed) withhold its points.
-    config["guard"].update(cpu_max_other_cores=64, host_max_slowdown=100)
+    config["guard"].update(
+        cpu_max_other_cores=64, reference_max_slowdown=100, range_max_slowdown=100, cpu_max_threads_wait=100
+    )
     for dotted, value in changes.items():
         section, key = dotted.split(".", 1)
         config[section][key] = value

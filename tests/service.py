@@ -37,7 +37,9 @@ benchmark:
 # the GPU: beside another service on a 2-core machine the host-wait check would withhold them. The guard's
 # own tests cover both (tests/test_guard.py). Nor may the CPU check withhold the CPU beside other tests'
 # load: a sweep the guard withheld is not a success, and these tests are not about the guard.
-guard: {{require_nvml: false, gpu_max_host_wait: 1, cpu_max_other_cores: 64, host_max_slowdown: 100}}
+guard:
+  {{require_nvml: false, gpu_max_host_wait: 1, cpu_max_other_cores: 64,
+   reference_max_slowdown: 100, range_max_slowdown: 100, cpu_max_threads_wait: 100}}
 """
 
 

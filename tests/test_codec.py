@@ -95,3 +95,14 @@ def test_settings_built_in_code_refuse_text_durations() -> None:
 
     with pytest.raises(TypeError, match="block_time: must be a number"):
         TimingSettings(block_s="30s")  # type: ignore[arg-type]
+
+
+def test_a_field_of_an_earlier_release_in_the_run_history_is_read_and_dropped() -> None:
+    """HardwareContext no longer records the threads' wait over a whole point; a snapshot the history wrote with it
+    still reads back, without it. Any other unknown field is still refused."""
+    data = to_data(FULL_SNAPSHOT)
+    data["hardware"][0]["cpu_threads_wait_cores"] = 0.2
+    assert from_data(Snapshot, data) == FULL_SNAPSHOT
+    data["hardware"][0]["cpu_thread_wait_cores"] = 0.2
+    with pytest.raises(DecodeError, match="unknown field 'cpu_thread_wait_cores'"):
+        from_data(Snapshot, data)

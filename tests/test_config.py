@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from crossover_monitor.cli import main
-from crossover_monitor.config import load_settings, settings_from_mapping, with_listen
+from crossover_monitor.config import keys_of, load_settings, settings_from_mapping, with_listen
 from crossover_monitor.convert import parse_duration
 from crossover_monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from crossover_monitor.settings import (
     DEFAULT_PORT,
+    REPLACED_KEYS,
     BenchmarkSettings,
     GuardSettings,
     ScheduleSettings,
     Settings,
     TimingSettings,
+    sections,
 )
 from tests.conftest import REPO
 
@@ -121,7 +124,10 @@ def test_example_config_is_valid_and_matches_the_defaults() -> None:
     defaults = Settings()
     assert settings.schedule == defaults.schedule
     assert settings.benchmark == defaults.benchmark
+    assert settings.guard == defaults.guard
     assert settings.server == defaults.server
+    assert settings.history == defaults.history
+    assert settings.replaced == ()
 
 
 def test_every_key_is_read(tmp_path: Path) -> None:
@@ -317,3 +323,104 @@ def test_messages_read_word_for_word_as_before_the_rules_moved_onto_the_types(
     with pytest.raises(ConfigError) as raised:
         settings_from_mapping(document)
     assert [str(p) for p in raised.value.problems] == problems
+
+
+def test_a_key_of_an_earlier_release_is_carried_to_the_keys_that_replaced_it_with_a_warning(tmp_path: Path) -> None:
+    """guard.host_max_slowdown fed three checks in two units; its value goes to each key that replaced it (so a large
+    value still turns off all it turned off), the file still loads, and the warning names the new keys. A new key the
+    file sets itself is kept. point_figure_other_cores became range_others_cores."""
+    old = load_settings(_write(tmp_path, "guard: {host_max_slowdown: 100, point_figure_other_cores: 2}\n"))
+    assert (old.guard.reference_max_slowdown, old.guard.range_max_slowdown, old.guard.cpu_max_threads_wait) == (
+        100,
+        100,
+        100,
+    )
+    assert old.guard.range_others_cores == 2
+    assert [str(p) for p in old.replaced] == [
+        (
+            "guard.host_max_slowdown: replaced by guard.reference_max_slowdown, guard.range_max_slowdown, "
+            "guard.cpu_max_threads_wait (one meaning each): its value 100 is used for each of them; write those keys "
+            "instead"
+        ),
+        (
+            "guard.point_figure_other_cores: replaced by guard.range_others_cores (one meaning each): its value 2 is "
+            "used for each of them; write those keys instead"
+        ),
+    ]
+    both = load_settings(_write(tmp_path, "guard: {host_max_slowdown: 0.3, range_max_slowdown: 0.2}\n"))
+    assert (both.guard.reference_max_slowdown, both.guard.range_max_slowdown, both.guard.cpu_max_threads_wait) == (
+        0.3,
+        0.2,
+        0.3,
+    )
+    assert "(the file's own range_max_slowdown kept)" in str(both.replaced[0])
+    assert load_settings(_write(tmp_path, "guard: {range_max_slowdown: 0.2}\n")).replaced == ()
+    assert old == load_settings(
+        _write(
+            tmp_path,
+            "guard: {reference_max_slowdown: 100, range_max_slowdown: 100, cpu_max_threads_wait: 100, "
+            "range_others_cores: 2}\n",
+        )
+    )
+
+
+def _key_paths() -> set[str]:
+    """Every YAML key path the settings declare (``benchmark.timing.block_time``)."""
+    found: set[str] = set()
+
+    def walk(cls: type[Any]) -> None:
+        found.update(f"{cls.SECTION}.{name}" for name in keys_of(cls))
+        for sub in sections(cls).values():
+            walk(sub)
+
+    for section in sections(Settings).values():
+        walk(section)
+    return found
+
+
+def _example_keys() -> dict[str, int]:
+    """Each key path of deploy/config.example.yaml (a commented-out alternative too) and the lines of comment
+    directly above it."""
+    found: dict[str, int] = {}
+    stack: list[tuple[int, str]] = []
+    comment = 0
+    for line in (REPO / "deploy" / "config.example.yaml").read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        match = re.match(r"(\s*)(?:# )?([a-z_0-9]+):( |$)", line)
+        if match is None or (stripped.startswith("#") and not re.match(r"\s*# [a-z_0-9]+: \S", line)):
+            comment = comment + 1 if stripped.startswith("#") else 0
+            continue
+        indent = len(match.group(1))
+        stack = [(i, name) for i, name in stack if i < indent]
+        path = ".".join([name for _, name in stack] + [match.group(2)])
+        found.setdefault(path, comment)
+        stack.append((indent, match.group(2)))
+        comment = 0
+    return found
+
+
+def _documented_keys() -> set[str]:
+    """The key paths docs/configuration.md's table names (``a.b.c` / `d``: d is a.b.d)."""
+    found: set[str] = set()
+    for line in (REPO / "docs" / "configuration.md").read_text(encoding="utf-8").splitlines():
+        if not line.startswith("| `"):
+            continue
+        parent = ""
+        for name in re.findall(r"`([a-z_.0-9]+)`", line.split("|")[1]):
+            if "." in name:
+                parent = name.rpartition(".")[0]
+                found.add(name)
+            else:
+                found.add(f"{parent}.{name}")
+    return found
+
+
+def test_every_key_is_in_the_example_config_and_the_reference_each_explained_in_at_most_three_lines() -> None:
+    """A key missing from either is a key nobody can find; a comment longer than three lines is not acted on."""
+    keys = _key_paths()
+    assert len(keys) > 30  # the parser found the settings
+    example = _example_keys()
+    assert keys - set(example) == set()
+    assert {path: lines for path, lines in example.items() if lines > 3} == {}
+    assert keys - _documented_keys() == set()
+    assert set(REPLACED_KEYS) - _documented_keys() == set()  # the old keys are named with what replaced them

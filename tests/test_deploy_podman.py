@@ -35,7 +35,10 @@ Start = Callable[..., tuple[str, int]]
 
 # The embedded defaults but the CPU checks of the guard: these tests are about the container, and the suite
 # loads this machine (a 2-core VM) while they run, which the guard would rightly withhold the sweeps for.
-CONFIG = "guard: {cpu_max_other_cores: 64, host_max_slowdown: 100}\n"
+CONFIG = (
+    "guard: {cpu_max_other_cores: 64, reference_max_slowdown: 100, range_max_slowdown: 100, "
+    "cpu_max_threads_wait: 100}\n"
+)
 
 
 @pytest.fixture
@@ -189,9 +192,7 @@ def test_gpu_image_builds_and_times_the_cpu_where_there_is_no_gpu(gpu_image: str
     assert podman("inspect", "--format={{.Config.User}}", gpu_image).stdout.strip() == UID_GID
     assert "healthz" in podman("image", "inspect", "--format={{json .HealthCheck}}", gpu_image).stdout
     config = tmp_path / "config.yaml"
-    config.write_text(
-        "benchmark: {sizes: [16, 64], modes: [compute]}\nguard: {cpu_max_other_cores: 64, host_max_slowdown: 100}\n"
-    )
+    config.write_text("benchmark: {sizes: [16, 64], modes: [compute]}\n" + CONFIG)
     done = podman(
         "run",
         "--rm",

@@ -37,7 +37,7 @@ benchmark:
   timeout: 60s
   timing: {size_budget: 300ms}
 # Not a test of the guard: this machine's other load must not withhold the CPU.
-guard: {cpu_max_other_cores: 64, host_max_slowdown: 100}
+guard: {cpu_max_other_cores: 64, reference_max_slowdown: 100, range_max_slowdown: 100, cpu_max_threads_wait: 100}
 """
 FAKE_GPU_CONFIG = fake_config(interval="20s")
 # What Grafana would put in for its built-in interval variables.

@@ -343,16 +343,6 @@ def test_others_may_use_the_cores_the_worker_leaves_free() -> None:
     assert guard.time_cpu_point(device, 2, lambda _: None) is None
 
 
-def test_the_cpu_context_records_the_most_its_threads_waited_for_a_cpu() -> None:
-    """The run-queue wait of all of the worker's threads over each CPU point, the most over the CPU's points:
-    recorded (measured beside neighbours on an H100, not yet a reason to withhold); unknown where none said."""
-    host = FakeHost([0.0], threads_waits=[0.01, 0.0, 0.2, 0.0, 0.05])  # CPU and GPU points take turns
-    _, messages = run_guarded(fake_guard(None, host, require_nvml=False))
-    assert _hardware(messages, "/CPU:0").cpu_threads_wait_cores == 0.2
-    _, unknown = run_guarded(fake_guard(None, FakeHost([0.0]), require_nvml=False))
-    assert _hardware(unknown, "/CPU:0").cpu_threads_wait_cores is None
-
-
 def _five_blocks(watch: BlockWatch | None) -> None:
     """A CPU point of five timed blocks, each asked of the guard's block watch as measure() asks it."""
     assert watch is not None
@@ -361,16 +351,16 @@ def _five_blocks(watch: BlockWatch | None) -> None:
 
 
 def test_blocks_its_threads_waited_in_are_set_aside_and_the_share_recorded() -> None:
-    """Blocks over which the worker's threads waited more than host_max_slowdown cores are set aside: the point
+    """Blocks over which the worker's threads waited more than cpu_max_threads_wait cores are set aside: the point
     stands on the others (three are enough) and the CPU's context says what share of its blocks went."""
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     guard = fake_guard(None, FakeHost([0.0], block_waits=[0.01, 0.3, 0.02, 0.25, 0.05]))
     assert guard.time_cpu_point(cpu, 3, _five_blocks) is None
     (context,) = guard.contexts([cpu])
     assert context.cpu_blocks_set_aside_ratio == pytest.approx(2 / 5)
-    # Unknown wait (no schedstat) sets nothing aside; a large host_max_slowdown turns the check off.
+    # Unknown wait (no schedstat) sets nothing aside; a large cpu_max_threads_wait turns the check off.
     for relaxed in (FakeHost([0.0]), FakeHost([0.0], block_waits=[0.5])):
-        guard = fake_guard(None, relaxed, host_max_slowdown=100 if relaxed.block_waits != [None] else 0.1)
+        guard = fake_guard(None, relaxed, cpu_max_threads_wait=100 if relaxed.block_waits != [None] else 0.1)
         assert guard.time_cpu_point(cpu, 3, _five_blocks) is None
         assert guard.contexts([cpu])[0].cpu_blocks_set_aside_ratio == 0.0
     # Threads on every core (and the one timing them beside): they wait for each other, no watch is given.
@@ -674,7 +664,7 @@ def test_a_sweeps_reference_spread_is_read_from_its_lower_half() -> None:
     """A stretch of slowed readings (the last four of ten at 1.6x) does not widen the spread the sweep hands
     the next ones: only the readings at and below the median say how much the reference moves on its own."""
     readings = [1.0e-3, 1.02e-3, 0.98e-3, 1.01e-3, 0.99e-3, 1.0e-3] + [1.6e-3] * 4
-    guard = fake_guard(None, FakeHost([0.0]), reference=_readings(readings), host_max_slowdown=100)
+    guard = fake_guard(None, FakeHost([0.0]), reference=_readings(readings), reference_max_slowdown=100)
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     for _ in range(5):
         assert guard.time_cpu_point(cpu, 1, lambda _: None) is None
@@ -713,10 +703,10 @@ def test_a_noisy_reference_widens_what_is_allowed_and_without_a_baseline_a_sweep
 
 
 def test_the_host_check_off_or_the_guard_off_reads_nothing() -> None:
-    """host_max_slowdown large: nothing is withheld; the guard off: the reference is never read."""
+    """reference_max_slowdown large: nothing is withheld; the guard off: the reference is never read."""
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     relaxed = fake_guard(
-        None, FakeHost([0.0]), reference=_readings([5e-3]), baseline=IDLE_REFERENCE, host_max_slowdown=100
+        None, FakeHost([0.0]), reference=_readings([5e-3]), baseline=IDLE_REFERENCE, reference_max_slowdown=100
     )
     assert relaxed.time_cpu_point(cpu, 1, lambda _: None) is None
     calls: list[float] = []
@@ -885,7 +875,7 @@ class _LoadByVisit(FakeHost):
         current = self._backend.current
         visit = 0 if current is None else self._backend.prepared[current]
         load = 0.1 if current is None else self._loads.get((*current, visit), 0.1)
-        return HostLoad(other_cores=load, throttled_s=0.0, own_wait=0.0, threads_wait=None)
+        return HostLoad(other_cores=load, throttled_s=0.0, own_wait=0.0)
 
 
 def test_a_refinement_round_taken_back_restores_what_others_used_over_the_visits_kept() -> None:
@@ -995,7 +985,7 @@ def _judged(
 def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withheld_as_host_slowed() -> None:
     """A neighbour's BLAS thread beside a framework's pool: others use a core the worker's threads leave free
     (not contended), the reference reads its idle figure, and the CPU point reads 1.3x the top of its idle
-    range on both tries: withheld, naming the range and the load. Beside less than point_figure_other_cores,
+    range on both tries: withheld, naming the range and the load. Beside less than range_others_cores,
     within 10% of the range, after a burst that passed, or with no range yet, it stands."""
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     figure = _figure("/CPU:0", 64, 10e-3)
@@ -1016,12 +1006,12 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
         "it ran 1.30x the top of its idle range over 12 calm sweeps (13 ms against 10 ms, allowed 10%) while others "
         "used 1.00 cores of the 4, and 100% of its time is the host's (timed twice)"
     )
-    assert verdict(0.74, [13e-3]) is None  # others below point_figure_other_cores: a real change is published
+    assert verdict(0.74, [13e-3]) is None  # others below range_others_cores: a real change is published
     assert verdict(0.75, [13e-3]) is not None
     assert verdict(1.0, [10.9e-3]) is None
     assert verdict(1.0, [13e-3, 10.5e-3]) is None  # a burst that passed before it was timed again
     assert verdict(1.0, [13e-3], _figure("/CPU:0", 128, 10e-3)) is None  # no range for this point
-    off = fake_guard(None, FakeHost([1.0]), figures=[figure], point_figure_other_cores=100)
+    off = fake_guard(None, FakeHost([1.0]), figures=[figure], range_others_cores=100)
     assert off.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3])) is None
     # On a node whose others usually use 1.5 cores, beside others means 0.75 more than that; on a quiet one
     # (usually 0.3) the gate stands.

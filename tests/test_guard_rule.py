@@ -196,14 +196,14 @@ POINT_RULE = (
         past_range=(1.6,),
     ),
     Row(
-        "host_max_slowdown large: the reference and the range judge nothing",
+        "reference_max_slowdown and range_max_slowdown large: the reference and the range judge nothing",
         PUBLISHED,
         1.0,
         others=(1.0,),
         reference=(1.5,),
         past_range=(1.6,),
         tries=1,
-        settings={"host_max_slowdown": 100.0},
+        settings={"reference_max_slowdown": 100.0, "range_max_slowdown": 100.0},
     ),
 )
 

@@ -106,8 +106,8 @@ def test_idle_sweeps_that_read_others_stay_inside_a_long_running_services_ranges
     the ranges of all the others that read less (what a service running those days would keep): none withholds
     a point. (Two idle scrapes alone make ranges too narrow for that: points move up to 1.8x between processes.)"""
     pool = replay.load([str(RESULTS / name) for name in IDLE_TORCH])
-    beside = [o for o in pool if _others(o) >= GUARD.point_figure_other_cores]
-    calm = [o for o in pool if _others(o) < GUARD.point_figure_other_cores]
+    beside = [o for o in pool if _others(o) >= GUARD.range_others_cores]
+    calm = [o for o in pool if _others(o) < GUARD.range_others_cores]
     assert beside, "no idle sweep read others: the test's premise is gone"
     state = _calm_state(*calm)
     assert len(state.point_figures) >= 20
@@ -179,7 +179,7 @@ def test_an_unreadable_scrape_is_named(tmp_path: Path) -> None:
     ],
 )
 def test_the_range_rule(median: float, top: float, share: float | None, expected: float | None) -> None:
-    found = past_idle_range(median, top, share, GUARD.host_max_slowdown)
+    found = past_idle_range(median, top, share, GUARD.range_max_slowdown)
     assert found == (None if expected is None else pytest.approx(expected))
 
 

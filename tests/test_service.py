@@ -27,7 +27,7 @@ benchmark:
   timeout: 2m
   timing: {size_budget: 300ms, block_time: 5ms, min_blocks: 3}
 # Not a test of the guard: a busy machine (one core kept busy by another program) must not withhold the CPU.
-guard: {cpu_max_other_cores: 64, host_max_slowdown: 100}
+guard: {cpu_max_other_cores: 64, reference_max_slowdown: 100, range_max_slowdown: 100, cpu_max_threads_wait: 100}
 """
 
 

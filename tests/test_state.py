@@ -286,21 +286,21 @@ def test_a_young_services_figure_is_its_fast_sweeps_not_the_middle_of_a_host_tha
         figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.095) for m in kept_ms])
         assert figure is not None
         assert figure.median_s == pytest.approx(statistics.quantiles(kept_ms, n=10, method="inclusive")[0] * 1e-3)
-        allowed = host_allowance(GuardSettings().host_max_slowdown, figure.spread)
+        allowed = host_allowance(GuardSettings().reference_max_slowdown, figure.spread)
         assert allowed == pytest.approx(0.19)  # twice the sweeps' own spread, as the median's was
         assert next_ms / (figure.median_s * 1e3) - 1 > 0.25  # past even the widest allowance
     for kept in (2, 3, 4):  # the fast first process: its typical sweeps read past the allowance until five
         medians_ms = (0.7, *[1.0] * (kept - 1))
         figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.02) for m in medians_ms])
         assert figure is not None
-        assert 1.0 / (figure.median_s * 1e3) - 1 > host_allowance(GuardSettings().host_max_slowdown, figure.spread)
+        assert 1.0 / (figure.median_s * 1e3) - 1 > host_allowance(GuardSettings().reference_max_slowdown, figure.spread)
     # One sweep's reading is the figure, with its own spread.
     one = HostReference(median_s=0.5e-3, spread=0.04)
     assert HostReference.of([one]) == one
     # Two sweeps that read alike: the next like them stands.
     alike = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.02) for m in (0.213, 0.227)])
     assert alike is not None
-    assert 0.227 / (alike.median_s * 1e3) - 1 <= host_allowance(GuardSettings().host_max_slowdown, alike.spread)
+    assert 0.227 / (alike.median_s * 1e3) - 1 <= host_allowance(GuardSettings().reference_max_slowdown, alike.spread)
 
 
 @pytest.mark.parametrize("kept", [5, 6, 7, 12, 40])
@@ -311,13 +311,13 @@ def test_a_typical_sweep_stays_inside_the_allowance_when_one_sweep_read_fast(kep
     medians_ms = (0.7, *[1.0] * (kept - 1))
     figure = HostReference.of([HostReference(median_s=m * 1e-3, spread=0.02) for m in medians_ms])
     assert figure is not None
-    allowed = host_allowance(GuardSettings().host_max_slowdown, figure.spread)
+    allowed = host_allowance(GuardSettings().reference_max_slowdown, figure.spread)
     assert 1.0 / (figure.median_s * 1e3) - 1 <= allowed
 
 
 def test_each_configured_points_calm_medians_are_kept_and_the_top_of_their_range_judges_it() -> None:
     """Every sweep adds each configured point it timed with the host to itself (others below
-    point_figure_other_cores; not a refinement's size, not a point the guard did not meter), the last
+    range_others_cores; not a refinement's size, not a point the guard did not meter), the last
     POINT_MEDIANS_KEPT only; once POINT_MEDIANS_TO_JUDGE sweeps did, the top of its range is the slowest of
     them, from ten on their upper decile."""
     store = StateStore()

@@ -176,7 +176,8 @@ benchmark:
 # The fake GPU has no NVML behind it and spins a CPU thread where a real GPU's thread would wait: only the CPU
 # check is the guard's here. On its one core the 1-thread CPU timing leaves no core free: others may use 0.3.
 guard:
-  {require_nvml: false, gpu_max_host_wait: 1, host_max_slowdown: 100, retry_interval: 10s, cpu_max_other_cores: 0.3}
+  {require_nvml: false, gpu_max_host_wait: 1, retry_interval: 10s, cpu_max_other_cores: 0.3,
+   reference_max_slowdown: 100, range_max_slowdown: 100, cpu_max_threads_wait: 100}
 """
 
 

@@ -116,10 +116,6 @@ class HostLoad:
     # The share of the window the thread timing the point sat runnable but waiting for a CPU (others, or the
     # worker's own threads, had them all); None where the kernel does not say.
     own_wait: float | None = None
-    # The run-queue wait of all of the worker's threads over the window, summed, in cores (seconds of wait
-    # per second): a framework's CPU threads that share cores with others' work (a neighbour's BLAS thread
-    # the scheduler puts beside one of them) wait there, and every parallel call waits for the slowest.
-    threads_wait: float | None = None
     # How much slower than its idle reference the host ran over the window (the host reference read before
     # and after it against the fastest reading known, 1.0: as fast); None where the guard takes no readings.
     host_slowdown: float | None = None
@@ -157,10 +153,7 @@ class _GpuRecord:
     host_slowdown_max: float | None = None
     own_memory_max: int | None = None  # the most GPU memory this worker's process held at a look after a point
 
-    def add_try(self, load: HostLoad) -> None:
-        """Nothing: a GPU point's record keeps only the try that counts."""
-
-    def settle(self, load: HostLoad) -> None:
+    def settle(self, load: HostLoad, throttled_s: float) -> None:  # noqa: ARG002 - throttling is the CPU's
         if load.own_wait is not None:
             self.host_wait_max = max(load.own_wait, self.host_wait_max or 0.0)
         self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
@@ -190,7 +183,6 @@ class _CpuRecord:
     throttled_s: float = 0.0
     steal_cores_max: float = 0.0
     host_slowdown_max: float | None = None
-    threads_wait_max: float | None = None
     blocks_kept: int = 0
     blocks_set_aside: int = 0  # timed blocks in which the worker's threads waited for a CPU (timed again)
 
@@ -203,13 +195,10 @@ class _CpuRecord:
         blocks = self.blocks_kept + self.blocks_set_aside
         return self.blocks_set_aside / blocks if blocks else None
 
-    def add_try(self, load: HostLoad) -> None:
-        self.throttled_s += load.throttled_s  # every try's: a disturbed first try was throttled too
-
-    def settle(self, load: HostLoad) -> None:
+    def settle(self, load: HostLoad, throttled_s: float) -> None:
+        self.throttled_s += throttled_s  # every try's: a disturbed first try was throttled too
         self.other_cores_max = max(self.other_cores_max, load.other_cores)
         self.steal_cores_max = max(self.steal_cores_max, load.steal_cores)
-        self.threads_wait_max = _highest((self.threads_wait_max, load.threads_wait))
         self.host_slowdown_max = _highest((self.host_slowdown_max, load.host_slowdown))
 
 
@@ -257,12 +246,9 @@ class _BlockWatch:
 class _HostRecord(Protocol):
     """What a device's record keeps of the host's load over its points."""
 
-    def add_try(self, load: HostLoad) -> None:
-        """Each timed try of a point, as soon as it ends."""
-        ...
-
-    def settle(self, load: HostLoad) -> None:
-        """The try that counts: the last one (a disturbed first try timed again does not)."""
+    def settle(self, load: HostLoad, throttled_s: float) -> None:
+        """The try that counts (the last one: a disturbed first try timed again does not), and the quota's
+        throttling over every try."""
         ...
 
 
@@ -457,7 +443,7 @@ class Guard:
         watches: list[_BlockWatch] = []
 
         def watched() -> None:
-            watches.append(_BlockWatch(host, self._settings.host_max_slowdown))
+            watches.append(_BlockWatch(host, self._settings.cpu_max_threads_wait))
             measure(watches[-1] if watch_blocks else None)
             record.add_blocks(watches[-1])
 
@@ -518,6 +504,7 @@ class Guard:
         load = HostLoad(0.0, 0.0, 1.0)
         facts: rule.TryFacts | None = None
         others = 0.0  # over every try: a point that stood once others left was still timed beside them first
+        throttled = 0.0
         for attempt in range(2):
             if attempt:
                 self._sleep(DISTURBED_PAUSE_S)
@@ -526,14 +513,14 @@ class Guard:
             measure()
             load = host.stop(started)
             load = dataclasses.replace(load, host_slowdown=self._slowdown(before, self._read_reference()))
-            record.add_try(load)
+            throttled += load.throttled_s
             others = max(others, _others(load))
             contended = problems(load)
             facts = self._facts(load, host.cores(), host_share(), judged)
             slowed = rule.judge_try(facts, self._settings)
             if not contended and slowed is None:
                 break
-        record.settle(load)
+        record.settle(load, throttled)
         # A point the reference read slowed, or could not judge yet, joins no idle range (``rule.calm_others``).
         self._last_others = None if facts is None else rule.calm_others(facts, others)
         return rule.point_verdict(device, contended, slowed)
@@ -580,7 +567,7 @@ class Guard:
         return min(readings) / self._reference_best
 
     def _allowed(self) -> float | None:
-        """How far the host may be slowed before a point counts as moved: ``host_max_slowdown``, or more
+        """How far the host may be slowed before a point counts as moved: ``reference_max_slowdown``, or more
         where the reference's readings move that much on their own (``rule.SPREADS_ALLOWED`` relative IQRs of
         the idle baseline's, else of this sweep's first readings, up to ``rule.SPREAD_ALLOWANCE_AT_MOST``); None
         while too few say how much they move."""
@@ -591,7 +578,7 @@ class Guard:
             spread = _relative_spread(self._readings[: rule.READINGS_TO_JUDGE])
         else:
             return None
-        return host_allowance(self._settings.host_max_slowdown, spread)
+        return host_allowance(self._settings.reference_max_slowdown, spread)
 
     def _range_of(self, judged: JudgedPoint | None, *, stand_in: bool = False) -> tuple[PointFigure, float] | None:
         """The top of the point's own idle range (or, with ``stand_in``, of the range standing in where it has none:
@@ -644,7 +631,6 @@ class Guard:
                         other_cpu_cores=cpu.other_cores_max,
                         cpu_throttled_s=cpu.throttled_s,
                         cpu_steal_cores=cpu.steal_cores_max,
-                        cpu_threads_wait_cores=cpu.threads_wait_max,
                         cpu_blocks_set_aside_ratio=cpu.set_aside_ratio,
                         host_slowdown_max=cpu.host_slowdown_max,
                     )

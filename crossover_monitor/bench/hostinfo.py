@@ -95,7 +95,6 @@ class _Reading:
     wall_s: float
     throttled_s: float
     own_wait_s: float | None  # time the calling thread was runnable but not running (None: unknown)
-    threads_wait_s: dict[str, float] | None = None  # the same of each of the process's threads, by thread id
 
 
 class ProcStatMeter:
@@ -148,7 +147,7 @@ class ProcStatMeter:
         wall = self._clock()  # next to the read: the cores' wall time is set against their idle time
         tick, throttled = self._tick_s, self._throttled_s()
         own, waited = self._own_cpu_time(), self._own_wait_s()
-        return _Reading(seen, idle_ticks * tick, steal_ticks * tick, own, wall, throttled, waited, self._threads_wait())
+        return _Reading(seen, idle_ticks * tick, steal_ticks * tick, own, wall, throttled, waited)
 
     def _own_wait_s(self) -> float | None:
         """The calling thread's run-queue wait so far (schedstat's second field, in ns).
@@ -212,7 +211,6 @@ class ProcStatMeter:
                 if now.own_wait_s is not None and started.own_wait_s is not None
                 else None
             ),
-            threads_wait=_waited_cores(started.threads_wait_s, now.threads_wait_s, wall),
         )
 
     def threads_mark(self) -> object:

@@ -17,18 +17,20 @@ A point is timed in tries; a try that is not clean is timed again once, after DI
 
     #  over a try                                                                      the try
     1  the guard off, or no host meter                                                 clean, unmetered
-    2  its device's cores taken (cpu_contention, gpu_contention; the block watch's     contended
-       stalls): others past the room its threads leave plus cpu_max_other_cores; a
-       quota throttling past THROTTLING_TOLERATED; a GPU point's timing thread
+    2  its device's cores taken (cpu_contention, gpu_contention): others past the      contended
+       room its threads leave plus cpu_max_other_cores; a quota throttling past
+       THROTTLING_TOLERATED; so many blocks set aside (threads waiting past
+       cpu_max_threads_wait) that too few stood; a GPU point's timing thread
        waiting past gpu_max_host_wait
-    3  it read within host_max_slowdown of the top of its own idle range              rows 4-5 not asked
+    3  it read within range_max_slowdown of the top of its own idle range             rows 4-5 not asked
        (inside_own_range)
     4  the reference read the host slowed, by enough times the point's host share     slowed
-       to pass the allowance (host_allowance)
-    5  beside others (model.others_gate, the gate the service's ranges take calm      slowed
-       sweeps by) or the reference read slowed past the allowance; HOST_BOUND_SHARE
-       or more of its time the host's; past the top of its idle range (a refinement's
-       size: the next configured size's) by more than host_max_slowdown
+       to pass the allowance (host_allowance: reference_max_slowdown, or wider)
+    5  beside others (range_others_cores, through model.others_gate: the gate the      slowed
+       service's ranges take calm sweeps by) or the reference read slowed past the
+       allowance; HOST_BOUND_SHARE or more of its time the host's; past the top of
+       its idle range (a refinement's size: the next configured size's) by more
+       than range_max_slowdown
     6  otherwise: past its range with neither is what a real change looks like         clean
 
     the last try   the point                                              its device
@@ -178,13 +180,13 @@ class TryFacts:
 
 def judge_try(facts: TryFacts, settings: GuardSettings) -> str | None:
     """Why the try was slowed (rows 4-5), or None."""
-    if inside_own_range(facts.own, settings.host_max_slowdown):
+    if inside_own_range(facts.own, settings.range_max_slowdown):
         return None
     return _reference_moved(facts) or _past_own_range(facts, settings)
 
 
 def inside_own_range(own: IdleRange | None, tolerance: float) -> bool:
-    """Row 3: the point read within ``tolerance`` (``host_max_slowdown``) of the top of its own idle range. The
+    """Row 3: the point read within ``tolerance`` (``range_max_slowdown``) of the top of its own idle range. The
     reference predicts how far a slowed host moved the point; this point, timed, did not move past its calm sweeps
     (on an idle H100, 2 of 7 sweeps withheld points alone by reference readings of 1.47-1.72x). A refinement's size,
     held against the next configured size's range, is not let through by that range: it lies above the size's own."""
@@ -237,31 +239,31 @@ def _past_own_range(facts: TryFacts, settings: GuardSettings) -> str | None:
     reference read 1.07x); and a host that slowed by itself moved points further than the reference's reading times
     their host share says (an idle H100: GPU compute n = 512 at 1.5x its other sweeps' while the reference passed)."""
     found = facts.judged
-    gate = others_gate(facts.usual_others, settings.point_figure_other_cores)
+    gate = others_gate(facts.usual_others, settings.range_others_cores)
     beside_others = facts.others >= gate
     if found is None or (not beside_others and not reference_read_slowed(facts)):
         return None
     share = facts.share_at_top
-    ratio = past_idle_range(found.median_s, found.top_s, share, settings.host_max_slowdown)
+    ratio = past_idle_range(found.median_s, found.top_s, share, settings.range_max_slowdown)
     if ratio is None or share is None:
         return None
     whose = "its idle range" if found.stand_in_size is None else f"the idle range of n = {found.stand_in_size}"
     if beside_others:
         # Moved past the setting by the node's usual load: name it, as the gate is not the configured one.
-        usual = f" (usually {facts.usual_others:.2f})" if gate > settings.point_figure_other_cores else ""
+        usual = f" (usually {facts.usual_others:.2f})" if gate > settings.range_others_cores else ""
         beside = f"others used {facts.others:.2f} cores of the {facts.cores}{usual}"
     else:
         beside = f"the host reference read the host {facts.host_slowdown or 1.0:.2f}x slower than its idle figure"
     return (
         f"it ran {ratio:.2f}x the top of {whose} over {found.sweeps} calm sweeps ({found.median_s * 1e3:.3g} ms "
-        f"against {found.top_s * 1e3:.3g} ms, allowed {settings.host_max_slowdown:.0%}) while {beside}, and "
+        f"against {found.top_s * 1e3:.3g} ms, allowed {settings.range_max_slowdown:.0%}) while {beside}, and "
         f"{share:.0%} of its time is the host's"
     )
 
 
 def past_idle_range(median_s: float, top_s: float, share_at_top: float | None, allowed: float) -> float | None:
     """How many times the top of its idle range a point read (``median_s / top_s``) where that is past it by more
-    than ``allowed`` (``host_max_slowdown``) and the point is host-bound at the top (``HOST_BOUND_SHARE``); None
+    than ``allowed`` (``range_max_slowdown``) and the point is host-bound at the top (``HOST_BOUND_SHARE``); None
     otherwise, or where the top is not a time. Row 5's test, which benchmarks replay over recorded sweeps."""
     if not (math.isfinite(top_s) and top_s > 0) or share_at_top is None or share_at_top < HOST_BOUND_SHARE:
         return None
@@ -269,11 +271,11 @@ def past_idle_range(median_s: float, top_s: float, share_at_top: float | None, a
     return ratio if ratio - 1.0 > allowed else None
 
 
-def host_allowance(host_max_slowdown: float, spread: float) -> float:
-    """How far the host may run slower than its figure before a point counts as moved: ``host_max_slowdown``, or
+def host_allowance(reference_max_slowdown: float, spread: float) -> float:
+    """How far the host may run slower than its figure before a point counts as moved: ``reference_max_slowdown``, or
     ``SPREADS_ALLOWED`` times the reference's relative spread where that is wider, up to
     ``SPREAD_ALLOWANCE_AT_MOST``."""
-    return max(host_max_slowdown, min(SPREADS_ALLOWED * spread, SPREAD_ALLOWANCE_AT_MOST))
+    return max(reference_max_slowdown, min(SPREADS_ALLOWED * spread, SPREAD_ALLOWANCE_AT_MOST))
 
 
 def point_verdict(device: DeviceInfo, contended: Sequence[str], slowed: str | None) -> Withheld | None:
