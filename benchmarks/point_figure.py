@@ -2,7 +2,7 @@
 
 While other programs use at least ``guard.range_others_cores`` of the host (the gate alone: the recorded runs
 are of quiet nodes, whose usual load is below it; ``model.others_gate``), the guard holds a host-bound
-point against the top of its idle range (its medians in recent calm sweeps, ``PointMedians.figure``), widened by
+point against the top of its idle range (its medians in recent calm sweeps, ``PointMedians.top``), widened by
 ``guard.range_max_slowdown``. This replays that rule over the cotenants phase of recorded runs, in the order the
 sweeps ran, as the service keeps the ranges: each sweep's published points against the ranges of the calm sweeps
 before it (others below the gate), after which a calm sweep's points join them. It prints, per sweep, the points
@@ -80,7 +80,7 @@ def judge(
         if others is None or others < gate:
             continue
         key = PointKey(backend="", device="", dtype="", mode="compute", size=0)
-        figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).figure
+        figure = PointMedians(key=key, medians_s=tuple(calm.get(point, ())[-POINT_MEDIANS_KEPT:])).top
         if figure is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             continue
         # The share at the range's top, as the guard takes it.

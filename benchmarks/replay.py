@@ -259,8 +259,8 @@ def judged(outcome: SweepOutcome, state: ServiceState, guard: GuardSettings) -> 
     others = max(loads)
     metered = tuple(dataclasses.replace(m, others_cores=others) for m in snapshot.measurements)
     withheld: list[Withheld] = []
-    if others >= others_gate(state.others_floor, guard.range_others_cores):
-        figures = {f.key: f for f in state.point_figures}
+    if others >= others_gate(state.usual_others, guard.range_others_cores):
+        figures = {f.key: f for f in state.range_tops}
         kinds = {d.device: d.kind for d in snapshot.devices}
         fixed = {
             (m.key.device, m.key.dtype): m.timing.median_s
@@ -398,7 +398,7 @@ def served_sequence(
                 others = max((m.others_cores or 0.0 for m in sweep.snapshot.measurements), default=0.0)
                 judgements.update(
                     unmetered=1,
-                    beside_others=others >= others_gate(kept.others_floor, guard.range_others_cores),
+                    beside_others=others >= others_gate(kept.usual_others, guard.range_others_cores),
                     withholding=added > 0,
                 )
                 judgements.update(points_withheld=added)

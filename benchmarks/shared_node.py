@@ -149,8 +149,8 @@ def sweep(
         bench=bench,
         guard=GuardSettings(enabled=guarded),
         host_baseline=kept.host_baseline,
-        point_figures=kept.point_figures,
-        others_floor=kept.others_floor,
+        range_tops=kept.range_tops,
+        usual_others=kept.usual_others,
     )
     outcome = run_sweep(plan, timeout_s=300, cancel=threading.Event())
     STORE.record(outcome)

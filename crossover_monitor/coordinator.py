@@ -178,9 +178,9 @@ class SweepCoordinator:
             given_up=tuple(sorted(self._given_up)),
             retry=retry,
             host_baseline=kept.host_baseline,
-            point_figures=kept.point_figures,
+            range_tops=kept.range_tops,
             point_figures_timed_as=kept.point_medians_timed_as,
-            others_floor=kept.others_floor,
+            usual_others=kept.usual_others,
         )
 
     def _run_worker(self, plan: Plan, *, retry: bool) -> None:

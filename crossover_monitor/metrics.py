@@ -465,7 +465,7 @@ class StateCollector(Collector):
             (CONFIG_LOADED_AT, state.config_loaded_at),
             (WORKER_CPU, state.latest.worker_cpu_seconds if state.latest is not None else None),
             (WORKER_MEMORY, state.latest.worker_peak_rss_bytes if state.latest is not None else None),
-            (USUAL_OTHER_LOAD, state.usual_others),
+            (USUAL_OTHER_LOAD, state.usual_others_if_known),
         ):
             if value is not None:
                 gauge = _gauge(name)

@@ -126,14 +126,14 @@ class HostReference:
 OTHERS_SWEEPS_TO_JUDGE = 10
 
 
-def others_gate(others_floor: float, gate: float) -> float:
+def others_gate(usual_others: float, gate: float) -> float:
     """The load of other programs (cores) from which a point counts as timed beside others: ``gate``
     (``guard.range_others_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
-    others use the gate or more in nine sweeps of ten (``ServiceState.others_floor``), that usual load plus the gate
+    others use the gate or more in nine sweeps of ten (``ServiceState.usual_others``), that usual load plus the gate
     (a step: at a usual load of just the gate, the gate doubles). Not the usual load plus the gate everywhere: on a
     quiet node whose others read 0.28-0.52 cores, the steal sweep of 2026-12-04 (0.82 cores, its host-bound points
     1.07-2.45x) would have counted calm. A gate of 0 stays 0 (beside others always)."""
-    return gate if gate <= 0 or others_floor < gate else others_floor + gate
+    return gate if gate <= 0 or usual_others < gate else usual_others + gate
 
 
 def canonical_device(name: str) -> str:
@@ -361,7 +361,7 @@ class PointMedians:
     medians_s: tuple[float, ...]
 
     @property
-    def figure(self) -> PointFigure | None:
+    def top(self) -> RangeTop | None:
         """The top of its idle range, once ``POINT_MEDIANS_TO_JUDGE`` calm sweeps timed it: the slowest of them,
         or from ``_UPPER_DECILE_FROM`` on their upper decile (one calm sweep that ran slow among dozens does not
         widen it for half a day; among a few, the slowest is the range a person would read off them)."""
@@ -369,13 +369,13 @@ class PointMedians:
         if len(medians) < POINT_MEDIANS_TO_JUDGE:
             return None
         if len(medians) < _UPPER_DECILE_FROM:
-            return PointFigure(key=self.key, upper_s=max(medians), sweeps=len(medians))
+            return RangeTop(key=self.key, upper_s=max(medians), sweeps=len(medians))
         upper = statistics.quantiles(medians, n=10, method="inclusive")[-1]
-        return PointFigure(key=self.key, upper_s=upper, sweeps=len(medians))
+        return RangeTop(key=self.key, upper_s=upper, sweeps=len(medians))
 
 
 @dataclass(frozen=True, kw_only=True)
-class PointFigure:
+class RangeTop:
     """The top of one point's idle range over recent calm sweeps: what the point is held against while other
     programs use the host (``Guard``)."""
 
@@ -740,7 +740,7 @@ class ServiceState:
     point_medians: tuple[PointMedians, ...] = ()
     point_medians_timed_as: str = ""
     # What other programs (or steal) typically used of the host over each recent sweep's points, in cores, oldest
-    # first: the node's usual load (``others_floor``).
+    # first: the node's usual load (``usual_others``).
     others_typical: tuple[float, ...] = ()
 
     @property
@@ -751,7 +751,7 @@ class ServiceState:
         return HostReference.of(self.host_references)
 
     @property
-    def usual_others(self) -> float | None:
+    def usual_others_if_known(self) -> float | None:
         """What other programs used of the host in at least nine of the kept sweeps in ten, in cores: each sweep's
         typical load, the one a tenth of the way up (an order statistic, not interpolated, so that it is a load
         nine sweeps in ten reached); None until ``OTHERS_SWEEPS_TO_JUDGE`` sweeps say (a service that starts beside
@@ -763,15 +763,15 @@ class ServiceState:
         return sorted(self.others_typical)[len(self.others_typical) // 10]
 
     @property
-    def others_floor(self) -> float:
-        """The usual load the guard and the calm ranges go by (``usual_others``), 0 until it is known."""
-        usual = self.usual_others
+    def usual_others(self) -> float:
+        """The usual load the guard and the calm ranges go by (``usual_others_if_known``), 0 until it is known."""
+        usual = self.usual_others_if_known
         return 0.0 if usual is None else usual
 
     @property
-    def point_figures(self) -> tuple[PointFigure, ...]:
-        """The top of the idle range of each point timed in enough recent calm sweeps (``PointMedians.figure``)."""
-        return tuple(figure for kept in self.point_medians if (figure := kept.figure) is not None)
+    def range_tops(self) -> tuple[RangeTop, ...]:
+        """The top of the idle range of each point timed in enough recent calm sweeps (``PointMedians.top``)."""
+        return tuple(top for kept in self.point_medians if (top := kept.top) is not None)
 
     def count(self, result: SweepResult) -> int:
         return dict(self.sweeps)[result]

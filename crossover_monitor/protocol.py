@@ -13,8 +13,8 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Measurement,
-    PointFigure,
     PointKey,
+    RangeTop,
     Role,
     Withheld,
 )
@@ -37,12 +37,12 @@ class Plan:
     retry: bool = False
     # The host reference's idle figure from recent sweeps; None: the worker has only this sweep's readings.
     host_baseline: HostReference | None = None
-    # The top of each point's idle range over recent calm sweeps (``ServiceState.point_figures``), and what they
+    # The top of each point's idle range over recent calm sweeps (``ServiceState.range_tops``), and what they
     # were timed with (``model.timed_with``): a worker that times otherwise leaves them unused.
-    point_figures: tuple[PointFigure, ...] = ()
+    range_tops: tuple[RangeTop, ...] = ()
     point_figures_timed_as: str = ""
-    # What other programs use of the host in nine recent sweeps of ten (``ServiceState.others_floor``), in cores.
-    others_floor: float = 0.0
+    # What other programs use of the host in nine recent sweeps of ten (``ServiceState.usual_others``), in cores.
+    usual_others: float = 0.0
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

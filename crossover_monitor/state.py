@@ -97,7 +97,7 @@ class StateStore:
                     environment = dict(outcome.snapshot.environment)
                     earlier = state.point_medians_timed_as
                     kept = state.point_medians if same_timing(earlier, environment) else ()
-                    changes["point_medians"] = self._with_calm_medians(kept, outcome.snapshot, state.others_floor)
+                    changes["point_medians"] = self._with_calm_medians(kept, outcome.snapshot, state.usual_others)
                     typical = _typical_others(outcome.snapshot)
                     if typical is not None:
                         changes["others_typical"] = (*state.others_typical, typical)[-HOST_REFERENCES_KEPT:]
@@ -197,7 +197,7 @@ class StateStore:
         others_at_most = others_gate(
             floor, (settings.guard if settings is not None else GuardSettings()).range_others_cores
         )
-        timed = {m.key: m.timing.median_s for m, others in _metered(snapshot) if others < others_at_most}
+        timed = {m.key: m.timing.median_s for m, others in _metered_points(snapshot) if others < others_at_most}
         by_key = {k.key: k for k in kept}
         for key, median in timed.items():
             earlier = by_key[key].medians_s if key in by_key else ()
@@ -222,7 +222,7 @@ class StateStore:
             self._history.record(kind, outcome, state, self.settings.benchmark.backend, reason, since=since)
 
 
-def _metered(snapshot: Snapshot) -> list[tuple[Measurement, float]]:
+def _metered_points(snapshot: Snapshot) -> list[tuple[Measurement, float]]:
     """The sweep's configured points that say what others used of the host over them, with that load (a
     refinement's sizes change from sweep to sweep)."""
     return [(m, m.others_cores) for m in snapshot.measurements if m.role != "refine" and m.others_cores is not None]
@@ -230,7 +230,7 @@ def _metered(snapshot: Snapshot) -> list[tuple[Measurement, float]]:
 
 def _typical_others(snapshot: Snapshot) -> float | None:
     """The median of what others used of the host over the sweep's metered configured points (None: none said)."""
-    readings = [others for _, others in _metered(snapshot)]
+    readings = [others for _, others in _metered_points(snapshot)]
     return statistics.median(readings) if readings else None
 
 

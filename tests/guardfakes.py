@@ -23,7 +23,7 @@ from crossover_monitor.model import (
     HostReference,
     Measurement,
     Mode,
-    PointFigure,
+    RangeTop,
     RetryResult,
     ServiceState,
     SweepOutcome,
@@ -163,8 +163,8 @@ def fake_guard(
     reference: Callable[[], float] | None = None,
     baseline: HostReference | None = None,
     *,
-    figures: Iterable[PointFigure] = (),
-    others_floor: float = 0.0,
+    figures: Iterable[RangeTop] = (),
+    usual_others: float = 0.0,
     **settings: Any,
 ) -> Guard:
     sleeps: list[float] = []
@@ -178,8 +178,8 @@ def fake_guard(
         pods=pods,
         reference=reference,
         reference_baseline=baseline,
-        point_figures=figures,
-        others_floor=others_floor,
+        range_tops=figures,
+        usual_others=usual_others,
     )
 
 

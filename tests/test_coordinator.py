@@ -21,9 +21,9 @@ from crossover_monitor.daemon import Service
 from crossover_monitor.history import RunHistory, read_recent
 from crossover_monitor.model import (
     HostReference,
-    PointFigure,
     PointKey,
     PointMedians,
+    RangeTop,
     RetryResult,
     ServiceState,
     SweepResult,
@@ -193,9 +193,9 @@ def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_stor
     assert plan.host_baseline is not None
     assert plan.host_baseline.median_s == pytest.approx(4.5e-4)
     assert plan.host_baseline.spread == 0.03
-    assert plan.point_figures == (PointFigure(key=key, upper_s=1.2e-3, sweeps=4),)
-    assert plan.others_floor == 1.2  # what nine of the ten sweeps' typical loads reached
-    assert Plan.from_json(plan.to_json()).others_floor == plan.others_floor  # as the worker reads it
+    assert plan.range_tops == (RangeTop(key=key, upper_s=1.2e-3, sweeps=4),)
+    assert plan.usual_others == 1.2  # what nine of the ten sweeps' typical loads reached
+    assert Plan.from_json(plan.to_json()).usual_others == plan.usual_others  # as the worker reads it
     # And the worker hands all of it to its guard (a field dropped there would leave the guard judging by nothing).
     given: dict[str, Any] = {}
     monkeypatch.setattr(worker, "Guard", lambda settings, **kwargs: given.update(kwargs, settings=settings))
@@ -203,10 +203,10 @@ def test_a_sweep_is_planned_with_the_hosts_figure_and_the_points_ranges_the_stor
     quiet = dataclasses.replace(plan, guard=dataclasses.replace(plan.guard, enabled=False))
     worker.build_guard(Plan.from_json(quiet.to_json()))
     assert given["settings"] == quiet.guard
-    assert (given["reference_baseline"], tuple(given["point_figures"]), given["others_floor"]) == (
+    assert (given["reference_baseline"], tuple(given["range_tops"]), given["usual_others"]) == (
         plan.host_baseline,
-        plan.point_figures,
-        plan.others_floor,
+        plan.range_tops,
+        plan.usual_others,
     )
 
 

@@ -44,8 +44,8 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Measurement,
-    PointFigure,
     PointKey,
+    RangeTop,
     Snapshot,
     SweepOutcome,
     SweepResult,
@@ -905,7 +905,7 @@ def test_a_point_first_timed_while_the_host_read_slowed_joins_no_range_after_a_c
     _, idle = sweep_with(lambda _: IDLE, plan)
     assert idle.snapshot is not None
     timed = {(m.key.device, m.key.size): m.timing.median_s for m in idle.snapshot.measurements}
-    figure = PointFigure(key=point_key("/CPU:0", 64), upper_s=timed[("/CPU:0", 64)] * 1.05, sweeps=4)
+    figure = RangeTop(key=point_key("/CPU:0", 64), upper_s=timed[("/CPU:0", 64)] * 1.05, sweeps=4)
     backend = SlowedWhileTiming({("/CPU:0", 64)}, visits=1)
     guard = fake_guard(
         FakeSampler(lambda _: IDLE),
@@ -914,7 +914,7 @@ def test_a_point_first_timed_while_the_host_read_slowed_joins_no_range_after_a_c
         baseline=IDLE_REFERENCE,
         figures=[figure],
     )
-    planned = dataclasses.replace(plan, point_figures=(figure,))
+    planned = dataclasses.replace(plan, range_tops=(figure,))
     launch = lambda p: ThreadWorker(p, guard, backend)  # noqa: E731 - as the other sweeps here
     outcome = run_sweep(planned, timeout_s=60, cancel=threading.Event(), launch=launch)
     assert outcome.snapshot is not None
@@ -949,9 +949,9 @@ def test_an_idle_host_reference_withholds_nothing_and_its_slowdown_is_recorded()
     assert all(c.host_slowdown_max == pytest.approx(1.0) for c in contexts)
 
 
-def _figure(device: str, size: int, upper_s: float) -> PointFigure:
+def _figure(device: str, size: int, upper_s: float) -> RangeTop:
     key = PointKey(backend="fake", device=device, dtype="float32", mode="compute", size=size)
-    return PointFigure(key=key, upper_s=upper_s, sweeps=12)
+    return RangeTop(key=key, upper_s=upper_s, sweeps=12)
 
 
 class _Tries:
@@ -970,7 +970,7 @@ class _Tries:
 
 
 def _judged(
-    figure: PointFigure,
+    figure: RangeTop,
     medians: list[float],
     share: float | None = 1.0,
     size: int | None = None,
@@ -990,7 +990,7 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
     cpu = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="cpu")
     figure = _figure("/CPU:0", 64, 10e-3)
 
-    def verdict(load: float, medians: list[float], point: PointFigure = figure) -> Withheld | None:
+    def verdict(load: float, medians: list[float], point: RangeTop = figure) -> Withheld | None:
         guard = fake_guard(
             None, FakeHost([load]), reference=_readings([1e-3]), baseline=IDLE_REFERENCE, figures=[point]
         )
@@ -1022,7 +1022,7 @@ def test_a_host_bound_point_past_its_idle_range_while_others_use_a_core_is_withh
             reference=_readings([1e-3]),
             baseline=IDLE_REFERENCE,
             figures=[figure],
-            others_floor=floor,
+            usual_others=floor,
         )
         found = usual.time_cpu_point(cpu, 1, lambda _: None, _judged(figure, [13e-3]))
         assert (found is not None) is withheld, load
@@ -1143,11 +1143,11 @@ def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_po
 
     def sweep(share: float, timed_as: str = "") -> Snapshot:
         figures = [
-            PointFigure(key=point_key(device, size), upper_s=timed[(device, size)] * share, sweeps=4)
+            RangeTop(key=point_key(device, size), upper_s=timed[(device, size)] * share, sweeps=4)
             for device, size in (("/CPU:0", 128), ("/GPU:0", 1))
         ]
         guard = fake_guard(FakeSampler(lambda _: IDLE), FakeHost([1.0]), figures=figures)
-        planned = dataclasses.replace(plan, point_figures=tuple(figures), point_figures_timed_as=timed_as)
+        planned = dataclasses.replace(plan, range_tops=tuple(figures), point_figures_timed_as=timed_as)
         outcome = run_sweep(planned, timeout_s=60, cancel=threading.Event(), launch=lambda p: ThreadWorker(p, guard))
         assert outcome.snapshot is not None
         return outcome.snapshot
@@ -1170,7 +1170,7 @@ def test_a_refinements_size_is_held_against_the_next_configured_sizes_range_and_
     above = dataclasses.replace(_figure("/CPU:0", 256, 8e-3), sweeps=5)
     refined = dataclasses.replace(above.key, size=128)
 
-    def verdict(median: float, figure: PointFigure = above) -> Withheld | None:
+    def verdict(median: float, figure: RangeTop = above) -> Withheld | None:
         guard = fake_guard(None, FakeHost([1.0]), figures=[figure])
         return guard.time_cpu_point(
             cpu, 1, lambda _: None, JudgedPoint(refined, _readings([median]), range_from=above.key)

@@ -19,7 +19,7 @@ import pytest
 
 from crossover_monitor.bench.guard import GpuSample, JudgedPoint
 from crossover_monitor.bench.timing import BlockWatch
-from crossover_monitor.model import DeviceInfo, HostReference, Measurement, PointFigure, PointKey, WithheldReason
+from crossover_monitor.model import DeviceInfo, HostReference, Measurement, PointKey, RangeTop, WithheldReason
 from crossover_monitor.settings import RefineSettings
 from tests.conftest import make_plan
 from tests.guardfakes import IDLE, JOB, FakeHost, FakeSampler, SlowedWhileTiming, fake_guard, run_guarded, withheld_in
@@ -261,8 +261,8 @@ def judge(row: Row) -> tuple[str, float | None, int]:
         host,
         reference=None if row.reference is None else point.reading,
         baseline=IDLE_FIGURE if row.idle_figure else None,
-        figures=[PointFigure(key=ranged, upper_s=TOP_S, sweeps=12)],
-        others_floor=row.usual_others,
+        figures=[RangeTop(key=ranged, upper_s=TOP_S, sweeps=12)],
+        usual_others=row.usual_others,
         **row.settings,
     )
     judged = JudgedPoint(

@@ -435,7 +435,7 @@ def test_a_served_state_of_format_4_restores_with_no_usual_load_yet(tmp_path: Pa
         state.point_medians,
     )
     assert served.others_typical == ()
-    assert served.usual_others is None  # ten sweeps must say before a load counts as usual
+    assert served.usual_others_if_known is None  # ten sweeps must say before a load counts as usual
 
 
 def test_a_history_nested_too_deep_or_with_odd_columns_starts_the_service_and_lists_the_rows(tmp_path: Path) -> None:

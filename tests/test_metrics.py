@@ -243,7 +243,7 @@ def test_the_usual_load_is_served_once_ten_sweeps_say(loads: tuple[float, ...], 
         value for name, _, value in parse_exposition(body.decode()) if name == "matmul_host_usual_other_load_cores"
     ]
     assert found == ([] if served is None else [served])
-    assert state.others_floor == (served or 0.0)  # the same figure the guard and the calm ranges go by
+    assert state.usual_others == (served or 0.0)  # the same figure the guard and the calm ranges go by
 
 
 def test_up_says_down_for_a_gpu_whose_every_point_failed_and_up_for_a_withheld_one() -> None:

@@ -10,7 +10,7 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Measurement,
-    PointFigure,
+    RangeTop,
     StopReason,
     Withheld,
     WithheldReason,
@@ -77,7 +77,7 @@ def test_plan_round_trips_from_settings() -> None:
         bench=BenchmarkSettings(devices=("/CPU:0",), cpu_threads=3),
         guard=GuardSettings(cpu_max_other_cores=0.25, range_others_cores=1.5),
         host_baseline=HostReference(median_s=4.5e-4, spread=0.04),
-        point_figures=(PointFigure(key=point_key("/CPU:0", 64), upper_s=1e-3, sweeps=4),),
+        range_tops=(RangeTop(key=point_key("/CPU:0", 64), upper_s=1e-3, sweeps=4),),
     )
     assert Plan.from_json(plan.to_json()) == plan
 

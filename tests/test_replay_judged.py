@@ -78,7 +78,7 @@ def test_the_steal_sweep_judged_by_its_ranges_withholds_its_slowed_points_and_bo
     n >= 1024 (kernel-bound, not the host's) stand."""
     first, second, steal = _scrapes()
     state = _calm_state(first, second, first, second)
-    assert state.point_figures, "four calm sweeps give every point a range"
+    assert state.range_tops, "four calm sweeps give every point a range"
     judged = replay.judged(steal, state, GUARD)
     withheld = _points(judged)
     assert {"cpu end_to_end 512", "cuda:0 compute 128", "cuda:0 end_to_end 256", "cpu compute 1"} <= withheld
@@ -93,7 +93,7 @@ def test_the_steal_sweep_judged_by_its_ranges_withholds_its_slowed_points_and_bo
     assert published is not None
     assert len(published.measurements) == 40 - len(withheld)
     after = _calm_state(first, second, first, second, steal)
-    assert {f.key: f.sweeps for f in after.point_figures} == {f.key: f.sweeps for f in state.point_figures}
+    assert {f.key: f.sweeps for f in after.range_tops} == {f.key: f.sweeps for f in state.range_tops}
 
 
 def _others(outcome: SweepOutcome) -> float:
@@ -110,7 +110,7 @@ def test_idle_sweeps_that_read_others_stay_inside_a_long_running_services_ranges
     calm = [o for o in pool if _others(o) < GUARD.range_others_cores]
     assert beside, "no idle sweep read others: the test's premise is gone"
     state = _calm_state(*calm)
-    assert len(state.point_figures) >= 20
+    assert len(state.range_tops) >= 20
     for sweep in beside:
         assert _points(replay.judged(sweep, state, GUARD)) == set(), _others(sweep)
 

@@ -333,23 +333,23 @@ def test_each_configured_points_calm_medians_are_kept_and_the_top_of_their_range
 
     for seconds in (1.0e-3, 1.1e-3, 0.9e-3):
         record(seconds)
-    assert store.read().point_figures == ()  # three calm sweeps: too few to judge by
+    assert store.read().range_tops == ()  # three calm sweeps: too few to judge by
     record(5.0e-3, others=0.75)  # beside others' load: what the range judges, never part of it
     record(9.0e-3, others=None)  # not metered
-    assert store.read().point_figures == ()
+    assert store.read().range_tops == ()
     record(1.2e-3)
     kept = {k.key: k.medians_s for k in store.read().point_medians}
     assert point_key("/CPU:0", 48) not in kept
     assert kept[key] == (1.0e-3, 1.1e-3, 0.9e-3, 1.2e-3)
-    (figure,) = store.read().point_figures
+    (figure,) = store.read().range_tops
     assert (figure.key, figure.upper_s, figure.sweeps) == (key, 1.2e-3, 4)
     for seconds in (1.0e-3, 1.05e-3, 0.95e-3, 1.0e-3, 1.1e-3, 1.0e-3):  # ten: one slow sweep no longer sets it
         record(seconds)
-    assert store.read().point_figures[0].upper_s == pytest.approx(1.11e-3)  # the two at 1.1 ms, not the 1.2
+    assert store.read().range_tops[0].upper_s == pytest.approx(1.11e-3)  # the two at 1.1 ms, not the 1.2
     for _ in range(POINT_MEDIANS_KEPT):
         record(3e-3)  # a lasting change of the point, timed calm, becomes its range
     assert {k.key: k.medians_s for k in store.read().point_medians}[key] == (3e-3,) * POINT_MEDIANS_KEPT
-    assert store.read().point_figures[0].upper_s == pytest.approx(3e-3)
+    assert store.read().range_tops[0].upper_s == pytest.approx(3e-3)
 
 
 def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it() -> None:
@@ -360,7 +360,7 @@ def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it
     Below the gate, the gate stands (``others_gate``)."""
     store = StateStore()
     key = point_key("/CPU:0", 64)
-    assert store.read().others_floor == 0.0
+    assert store.read().usual_others == 0.0
 
     def record(seconds: float, others: float) -> None:
         points = [dataclasses.replace(measurement("/CPU:0", n, seconds), others_cores=others) for n in (1, 64)]
@@ -374,10 +374,10 @@ def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it
 
     for _ in range(OTHERS_SWEEPS_TO_JUDGE - 1):
         record(1.0e-3, 1.5)
-    assert store.read().others_floor == 0.0  # too few sweeps: a neighbour at the start is not the usual load
+    assert store.read().usual_others == 0.0  # too few sweeps: a neighbour at the start is not the usual load
     record(1.0e-3, 1.6)
     assert store.read().others_typical[-1] == 1.6  # a refinement's reading and a point without one are not typical
-    assert store.read().others_floor == 1.5
+    assert store.read().usual_others == 1.5
     assert store.read().point_medians == ()  # the ten: judged by the gate alone, none calm
     for seconds in (1.0e-3, 1.1e-3, 0.9e-3, 1.0e-3):
         record(seconds, 1.6)
@@ -386,7 +386,7 @@ def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it
     assert len({k.key: k.medians_s for k in store.read().point_medians}[key]) == 4
     for _ in range(3):
         record(1.0e-3, 0.2)  # quiet in some sweeps: the node is no longer one never quiet
-    assert store.read().others_floor == 0.2
+    assert store.read().usual_others == 0.2
 
 
 @pytest.mark.parametrize(
@@ -400,7 +400,7 @@ def test_a_node_never_quiet_is_calm_at_its_usual_load_and_beside_others_above_it
     ],
 )
 def test_the_usual_load_is_what_nine_sweeps_in_ten_reached(loads: tuple[float, ...], floor: float) -> None:
-    assert ServiceState(others_typical=loads).others_floor == floor
+    assert ServiceState(others_typical=loads).usual_others == floor
     assert others_gate(0.28, 0.75) == 0.75  # a quiet node's: the steal sweep of 2026-12-04 (0.82) stays beside others
     assert others_gate(0.75, 0.75) == 1.5
     assert others_gate(3.0, 0.0) == 0.0  # a gate of 0: beside others always, as before
@@ -426,13 +426,13 @@ def test_the_points_ranges_start_again_when_the_worker_times_them_with_other_thr
 
     for _ in range(4):
         record(store, "4")
-    assert {f.key.size for f in store.read().point_figures} == {1, 64}  # 96 is not configured
+    assert {f.key.size for f in store.read().range_tops} == {1, 64}  # 96 is not configured
     assert "cpu_threads=4" in store.read().point_medians_timed_as
     restored = history.restore()
     assert restored is not None
     again = StateStore(restored[0])
     again.record_config(_configured(sizes=(64,)), at=2)
-    assert len(again.read().point_figures) == 2  # restarted: the ranges came back
+    assert len(again.read().range_tops) == 2  # restarted: the ranges came back
     assert again.read().others_typical == (0.0,) * 4  # and the node's usual load
     record(again, "4", driver=None)
     assert {k.key.size: len(k.medians_s) for k in again.read().point_medians} == {1: 5, 64: 5}

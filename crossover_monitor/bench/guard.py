@@ -38,8 +38,8 @@ from crossover_monitor.model import (
     HardwareContext,
     HostReference,
     Mode,
-    PointFigure,
     PointKey,
+    RangeTop,
     Withheld,
     WithheldReason,
     relative_iqr,
@@ -267,22 +267,22 @@ class Guard:
         pods: Callable[[str], Sequence[str]] | None = None,
         reference: Callable[[], float] | None = None,
         reference_baseline: HostReference | None = None,
-        point_figures: Iterable[PointFigure] = (),
-        others_floor: float = 0.0,
+        range_tops: Iterable[RangeTop] = (),
+        usual_others: float = 0.0,
     ) -> None:
         """``pods``: the pods the kubelet gave a GPU (by its UUID), where the node runs Kubernetes.
 
         ``reference`` takes one reading of the host reference (``crossover_monitor.bench.hostprobe``), in seconds;
         ``reference_baseline`` is its idle figure from recent sweeps (None: this sweep's own readings).
-        ``point_figures``: the top of each point's idle range over recent calm sweeps, which the point timed
+        ``range_tops``: the top of each point's idle range over recent calm sweeps, which the point timed
         while others use the host (or the reference reads it slowed) is held against.
-        ``others_floor``: what other programs use of the host in nine recent sweeps of ten (the node's usual load),
+        ``usual_others``: what other programs use of the host in nine recent sweeps of ten (the node's usual load),
         which moves the load a point counts as timed beside others from on a node never quiet (``others_gate``); 0
         until ten sweeps say, which leaves the setting alone as the gate.
         """
         self._settings = settings
-        self._point_figures = {figure.key: figure for figure in point_figures}
-        self._others_floor = others_floor
+        self._range_tops = {figure.key: figure for figure in range_tops}
+        self._usual_others = usual_others
         self._last_others: float | None = None
         self._reference = reference
         self._reference_baseline = reference_baseline
@@ -454,7 +454,7 @@ class Guard:
             stalled = watches[-1].problem()
             return found if stalled is None else [*found, stalled]
 
-        return self._metered(host, device, watched, problems, record, host_share=lambda: 1.0, judged=judged)
+        return self._timed_in_tries(host, device, watched, problems, record, host_share=lambda: 1.0, judged=judged)
 
     def time_gpu_point(
         self,
@@ -484,9 +484,9 @@ class Guard:
             return rule.gpu_contention(load.own_wait, load.other_cores, cores=host.cores(), settings=self._settings)
 
         record = self._gpus.setdefault(device.device, _GpuRecord())
-        return self._metered(host, device, measure, problems, record, host_share=host_share, judged=judged)
+        return self._timed_in_tries(host, device, measure, problems, record, host_share=host_share, judged=judged)
 
-    def _metered(
+    def _timed_in_tries(
         self,
         host: HostMeter,
         device: DeviceInfo,
@@ -531,7 +531,7 @@ class Guard:
         held = self._range_of(judged, stand_in=True)
         return rule.TryFacts(
             others=_others(load),
-            usual_others=self._others_floor,
+            usual_others=self._usual_others,
             cores=cores,
             host_slowdown=load.host_slowdown,
             reference_s=self._reference_best,
@@ -580,24 +580,24 @@ class Guard:
             return None
         return host_allowance(self._settings.reference_max_slowdown, spread)
 
-    def _range_of(self, judged: JudgedPoint | None, *, stand_in: bool = False) -> tuple[PointFigure, float] | None:
+    def _range_of(self, judged: JudgedPoint | None, *, stand_in: bool = False) -> tuple[RangeTop, float] | None:
         """The top of the point's own idle range (or, with ``stand_in``, of the range standing in where it has none:
         a refinement's size) and its median, where it has both and the top is a time."""
         if judged is None:
             return None
-        figure = self._point_figures.get(judged.key)
+        figure = self._range_tops.get(judged.key)
         if figure is None and stand_in and judged.range_from is not None:
-            figure = self._point_figures.get(judged.range_from)
+            figure = self._range_tops.get(judged.range_from)
         median = judged.median()
         if figure is None or median is None or not (math.isfinite(figure.upper_s) and figure.upper_s > 0):
             return None
         return figure, median
 
-    def use_point_figures_timed_as(self, timed_as: str, environment: Mapping[str, str]) -> None:
+    def use_range_tops_timed_as(self, timed_as: str, environment: Mapping[str, str]) -> None:
         """Keep the points' ranges only if this sweep times its points as they were (``model.same_timing``):
         other threads, affinity, TF32, a framework or driver version move them, and the ranges restart."""
         if not same_timing(timed_as, environment):
-            self._point_figures = {}
+            self._range_tops = {}
 
     @property
     def last_point_others(self) -> float | None:
@@ -658,7 +658,7 @@ def host_share_at(kind: DeviceKind, mode: Mode, size: int, fixed_s: float | None
     return None if fixed_s is None else min(1.0, fixed_s / seconds)
 
 
-def _idle_range(figure: PointFigure, median_s: float, judged: JudgedPoint | None) -> rule.IdleRange:
+def _idle_range(figure: RangeTop, median_s: float, judged: JudgedPoint | None) -> rule.IdleRange:
     stand_in = judged is not None and figure.key != judged.key
     return rule.IdleRange(
         median_s=median_s,

@@ -113,7 +113,7 @@ class _Session:
     others: dict[PointKey, float] = field(default_factory=dict)  # the most others used over a point's visits
     # Points a visit of which the guard gave no others reading (timed while the host reference read the host
     # slowed): they say none, whatever a later visit read, so that their medians join no idle range.
-    uncalm: set[PointKey] = field(default_factory=set)
+    not_calm: set[PointKey] = field(default_factory=set)
     # Points withheld alone, with what the slowed host gave them: never timed again in this sweep (a refinement
     # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
     # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
@@ -148,7 +148,7 @@ class _Session:
         wheres = [self.key(d, size, dtype, mode) for d in devices]
         before = [self.timings.get(where) for where in wheres]
         others_before = {where: self.others[where] for where in wheres if where in self.others}
-        uncalm_before = self.uncalm & set(wheres)
+        not_calm_before = self.not_calm & set(wheres)
         for device in devices:
             self.visit(device, size, dtype, mode, visits)
         if all(where in self.timings and self.timings[where].visit_count >= visits for where in wheres):
@@ -159,9 +159,9 @@ class _Session:
                 self.others.pop(where, None)  # and what others used over the visits it keeps
                 if where in others_before:
                     self.others[where] = others_before[where]
-                self.uncalm.discard(where)
-                if where in uncalm_before:
-                    self.uncalm.add(where)
+                self.not_calm.discard(where)
+                if where in not_calm_before:
+                    self.not_calm.add(where)
                 self._emit_point(device, size, dtype, mode)  # the point as it was before this round
         return False
 
@@ -184,7 +184,7 @@ class _Session:
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
         where = self.key(device, size, dtype, mode)
-        others = None if where in self.uncalm else self.others.get(where)
+        others = None if where in self.not_calm else self.others.get(where)
         self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where], others_cores=others))
 
     def _attempt(
@@ -291,7 +291,7 @@ class _Session:
         if timing is not None:
             where = self.key(device, size, dtype, mode)
             if others is None:
-                self.uncalm.add(where)  # with no host meter every point says none anyway
+                self.not_calm.add(where)  # with no host meter every point says none anyway
             else:
                 self.others[where] = max(others, self.others.get(where, 0.0))
         return timing
@@ -391,7 +391,7 @@ def run_plan(
     guard = guard or Guard(GuardSettings(enabled=False), gpu_sampler=None, host=None, own_pid=0, sleep=lambda _: None)
     environment = _environment(backend, guard)
     emit(Environment(environment))
-    guard.use_point_figures_timed_as(plan.point_figures_timed_as, environment)
+    guard.use_range_tops_timed_as(plan.point_figures_timed_as, environment)
     # A retry names its devices; one that vanished for a moment (a GPU reset) is not given up for good.
     devices = select_devices(backend, plan.bench.devices, emit, plan.given_up, missing_is_fatal=not plan.retry)
     for device in devices:

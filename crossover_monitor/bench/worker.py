@@ -64,8 +64,8 @@ def build_guard(plan: Plan) -> Guard:
         pods=pods,
         reference=reading,
         reference_baseline=plan.host_baseline,
-        point_figures=plan.point_figures,
-        others_floor=plan.others_floor,
+        range_tops=plan.range_tops,
+        usual_others=plan.usual_others,
     )
 
 
