@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from crossover_monitor.bench.hostinfo import cpu_model  # noqa: E402
+from crossover_monitor.measure.guard.hostinfo import cpu_model  # noqa: E402
 from tests.test_config_robustness import CASES  # noqa: E402
 
 

@@ -6,7 +6,7 @@ For each size and mode the two methods run side by side, alternating (service, p
 plain, ...) for --rounds rounds in one process, so that whatever the host is doing at that moment
 hits both alike:
   service: the service's own code path, the TensorFlow backend's block runner timed by
-           crossover_monitor.bench.timing.measure with the default timing settings (what the worker runs);
+           crossover_monitor.measure.timing.measure with the default timing settings (what the worker runs);
   plain:   a perf_counter around each tf.matmul call (end_to_end: tf.constant from host memory,
            matmul, .numpy()), warm-up excluded, median — written here without the service's code.
 Ratios are medians over rounds. Target (issue 2): service / plain within 5% for n >= 256.
@@ -32,12 +32,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from references import median_for  # noqa: E402
 
-from crossover_monitor.bench.contract import BackendOptions  # noqa: E402
-from crossover_monitor.bench.hostinfo import usable_cpus  # noqa: E402
-from crossover_monitor.bench.tensorflow_backend import TensorFlowBackend  # noqa: E402
-from crossover_monitor.bench.timing import measure  # noqa: E402
+from crossover_monitor.config.settings import TimingSettings  # noqa: E402
+from crossover_monitor.measure.backends.tensorflow_backend import TensorFlowBackend  # noqa: E402
+from crossover_monitor.measure.contract import BackendOptions  # noqa: E402
+from crossover_monitor.measure.guard.hostinfo import usable_cpus  # noqa: E402
+from crossover_monitor.measure.timing import measure  # noqa: E402
 from crossover_monitor.model import MODES, Mode  # noqa: E402
-from crossover_monitor.settings import TimingSettings  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 

@@ -29,10 +29,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from crossover_monitor import crossover  # noqa: E402 - after the path
+from crossover_monitor.analysis import crossover  # noqa: E402 - after the path
 from crossover_monitor.model import PointKey, Snapshot  # noqa: E402
 from crossover_monitor.model import curves as group_curves  # noqa: E402
-from crossover_monitor.report import read_json  # noqa: E402
+from crossover_monitor.view.report import read_json  # noqa: E402
 
 LEAD_BINS = ((0.0, 0.05), (0.05, 0.1), (0.1, 0.2), (0.2, 0.3), (0.3, math.inf))
 
@@ -123,7 +123,7 @@ def flips(sweeps: list[tuple[str, Snapshot]]) -> None:
 def previous(revision: str) -> ModuleType:
     """``crossover.py`` as it was at ``revision``, imported as its own module."""
     text = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{revision}:crossover_monitor/crossover.py"],
+        ["git", "-C", str(REPO), "show", f"{revision}:crossover_monitor/analysis/crossover.py"],
         capture_output=True,
         text=True,
         check=True,

@@ -58,7 +58,7 @@ def _own_switches() -> tuple[int, int, int]:
 def child(sizes: list[int], threads: int, blocks: int, block_s: float, gpu: bool) -> dict[str, Any]:
     import torch  # noqa: PLC0415
 
-    from crossover_monitor.bench import hostprobe  # noqa: PLC0415
+    from crossover_monitor.measure.guard import hostprobe  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     found: dict[str, Any] = {}

@@ -5,7 +5,7 @@ Run on a GPU machine with PyTorch (and JAX for --backends jax):
 
 For float32 with TF32 off and on, sizes 1..8192, it
   1. runs the service's own sweep (worker process, the chosen backends, both modes);
-  2. times every point independently (references.py, which never imports crossover_monitor.bench): CUDA
+  2. times every point independently (references.py, which never imports crossover_monitor.measure): CUDA
      events for torch, the GPU's kernel timestamps from JAX's profiler for jax, a plain
      perf_counter loop on the CPU for both; torch's CUDA events are also set beside the JAX
      sweep, as the same GEMM timed by another framework;
@@ -42,10 +42,10 @@ sys.path.insert(0, str(REPO))
 from gpu_report import render, sweeps_of  # noqa: E402
 from references import MODES, empty_curves, jax_reference, torch_reference  # noqa: E402
 
-from crossover_monitor.bench.hostinfo import usable_cpus  # noqa: E402
+from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
+from crossover_monitor.measure.guard.hostinfo import usable_cpus  # noqa: E402
 from crossover_monitor.protocol import Plan  # noqa: E402
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
-from crossover_monitor.sweep import run_sweep  # noqa: E402
+from crossover_monitor.service.sweep import run_sweep  # noqa: E402
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 SAVE_MARGIN_S = 20  # left at the end of --budget-s to write the report

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from references import MODES, Curves, ModeCurves, tighter_bound
 
-from crossover_monitor.crossover import find_crossover
+from crossover_monitor.analysis.crossover import find_crossover
 
 GPU_TARGET_FROM, CPU_TARGET_FROM, TOLERANCE = 1024, 256, 0.03
 

@@ -21,9 +21,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from crossover_monitor.bench.rule import host_allowance
+from crossover_monitor.config.settings import GuardSettings
+from crossover_monitor.measure.guard.rule import host_allowance
 from crossover_monitor.model import HostReference
-from crossover_monitor.settings import GuardSettings
 
 MEDIAN_BELOW = 4  # the figure before 2026-12-07: fewer sweeps gave their median
 

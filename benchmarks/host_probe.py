@@ -78,7 +78,7 @@ def _large_copy() -> float:
 def child(rounds: int, threads: int, *, large: bool = False) -> None:
     import torch  # noqa: PLC0415
 
-    from crossover_monitor.bench.hostprobe import part_readings, reading  # noqa: PLC0415
+    from crossover_monitor.measure.guard.hostprobe import part_readings, reading  # noqa: PLC0415
 
     torch.set_num_threads(threads)
     dev = torch.device("cuda:0")

@@ -38,9 +38,8 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from crossover_monitor import svgchart
-from crossover_monitor.chart import from_snapshot
-from crossover_monitor.crossover import crossovers
+from crossover_monitor.analysis.crossover import crossovers
+from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.model import (
     MODES,
     DeviceInfo,
@@ -52,8 +51,9 @@ from crossover_monitor.model import (
     SweepResult,
     Timing,
 )
-from crossover_monitor.report import render_json
-from crossover_monitor.settings import BenchmarkSettings
+from crossover_monitor.view import svgchart
+from crossover_monitor.view.chart import from_snapshot
+from crossover_monitor.view.report import render_json
 
 REPO = Path(__file__).resolve().parent.parent
 # The last revision whose page drew its picture with matplotlib in a child process.
@@ -158,7 +158,7 @@ def traced_peak(snapshot: Snapshot) -> int:
 _GROWTH = """
 import resource, sys
 sys.path.insert(0, sys.argv[1])
-from crossover_monitor import page
+from crossover_monitor.http import page
 import picture_costs
 snapshot = picture_costs.sweep()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -35,11 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared_node import host_readings
 
-from crossover_monitor.bench.guard import host_share_at
-from crossover_monitor.bench.rule import past_idle_range
+from crossover_monitor.config.settings import GuardSettings
+from crossover_monitor.measure.guard.guard import host_share_at
+from crossover_monitor.measure.guard.rule import past_idle_range
 from crossover_monitor.model import DeviceKind, PointKey, PointMedians
-from crossover_monitor.settings import GuardSettings
-from crossover_monitor.state import POINT_MEDIANS_KEPT
+from crossover_monitor.service.state import POINT_MEDIANS_KEPT
 
 OTHERS_NAMED = re.compile(r"other processes used ([0-9.]+) cores")
 RANGE_WIDENED = 0.10  # shared_node.py's report: the idle range widened by 10%

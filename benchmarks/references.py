@@ -1,4 +1,4 @@
-"""Independent timings of the service's matmul points, for gpu_reference.py; never imports crossover_monitor.bench.
+"""Independent timings of the service's matmul points, for gpu_reference.py; never imports crossover_monitor.measure.
 
 - torch: CUDA events around back-to-back ``torch.matmul`` calls (compute), CUDA events around copy
   in + matmul + copy out (end_to_end), and a ``perf_counter`` loop on the CPU.

@@ -1,8 +1,8 @@
 """Recorded real sweeps replayed over a simulated month: false drift alerts, and how soon a real change fires.
 
 Each simulated sweep is one recorded sweep drawn at random (seeded), given the simulated time,
-its crossovers derived again by the current code (``crossover_monitor.crossover``) and laid into the
-service's own state (``crossover_monitor.state.StateStore``, which widens the served interval by the moves
+its crossovers derived again by the current code (``crossover_monitor.analysis.crossover``) and laid into the
+service's own state (``crossover_monitor.service.state.StateStore``, which widens the served interval by the moves
 of recent sweeps), so what is replayed is what the service would serve. The served crossover series
 (``matmul_crossover_size`` and its interval) go, one value per sweep at the default 15-minute
 schedule, into ``promtool test rules`` with the project's real rules
@@ -51,10 +51,11 @@ from typing import Any, NamedTuple
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from crossover_monitor import crossover as crossover_module  # noqa: E402
-from crossover_monitor.bench.guard import host_share_at  # noqa: E402
-from crossover_monitor.bench.rule import past_idle_range  # noqa: E402
-from crossover_monitor.crossover import crossovers  # noqa: E402
+from crossover_monitor.analysis import crossover as crossover_module  # noqa: E402
+from crossover_monitor.analysis.crossover import crossovers  # noqa: E402
+from crossover_monitor.config.settings import GuardSettings  # noqa: E402
+from crossover_monitor.measure.guard.guard import host_share_at  # noqa: E402
+from crossover_monitor.measure.guard.rule import past_idle_range  # noqa: E402
 from crossover_monitor.metrics import parse_exposition  # noqa: E402
 from crossover_monitor.model import (  # noqa: E402
     Crossover,
@@ -75,9 +76,8 @@ from crossover_monitor.model import (  # noqa: E402
     WithheldReason,
     others_gate,
 )
-from crossover_monitor.report import read_json  # noqa: E402
-from crossover_monitor.settings import GuardSettings  # noqa: E402
-from crossover_monitor.state import StateStore  # noqa: E402
+from crossover_monitor.service.state import StateStore  # noqa: E402
+from crossover_monitor.view.report import read_json  # noqa: E402
 
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
 SWEEP_S = 900  # the default schedule

@@ -3,7 +3,7 @@
 Every figure comes from fresh processes, the variants taken in turn (each round in another order), several
 rounds; medians with their spread. What is measured:
 
-1. wall time of ``python -m crossover_monitor check-config`` (the standard-library reader of ``crossover_monitor/config.py``), of
+1. wall time of ``python -m crossover_monitor check-config`` (the standard-library reader of ``crossover_monitor/config/loader.py``), of
    ``load_settings`` alone, and of the pydantic model of ``settings_library_pydantic.py`` on the same YAML
    (the example file, a bad file with four typical mistakes, a file of 50,000 unknown keys), with the lines
    each prints, and the messages side by side;
@@ -60,7 +60,7 @@ UNKNOWN_KEYS = 50_000
 
 STDLIB_CHECK = """\
 import sys
-from crossover_monitor.config import load_settings
+from crossover_monitor.config.loader import load_settings
 from crossover_monitor.errors import ConfigError
 try:
     load_settings(sys.argv[1])
@@ -76,9 +76,9 @@ for line in open("/proc/self/status"):
     if line.startswith("VmHWM:"):
         print(line.split()[1])
 """
-STDLIB_LOAD = "import sys\nfrom crossover_monitor.config import load_settings\nload_settings(sys.argv[1])\n"
+STDLIB_LOAD = "import sys\nfrom crossover_monitor.config.loader import load_settings\nload_settings(sys.argv[1])\n"
 PYDANTIC_LOAD = "import sys\nimport settings_library_pydantic as m\nm.validate(m.read_document(sys.argv[1]))\n"
-DAEMON = "import crossover_monitor.daemon\n"
+DAEMON = "import crossover_monitor.service.daemon\n"
 
 # One recorded sweep as the worker streams it, decoded each way (the dataclasses of crossover_monitor.model both times).
 DECODE = """\
@@ -131,7 +131,7 @@ AGREE = """\
 import dataclasses, json, re, sys
 import yaml
 from pydantic import ValidationError
-from crossover_monitor.config import settings_from_mapping
+from crossover_monitor.config.loader import settings_from_mapping
 from crossover_monitor.errors import ConfigError
 import settings_library_pydantic as m
 
@@ -318,7 +318,13 @@ def measure_wall(s: Setup, label: str, path: Path) -> list[dict[str, Any]]:
 
 def measure_imports(s: Setup) -> dict[str, list[tuple[float, float]]]:
     imports = [  # (what, code, the module whose cumulative time is shown, interpreter, environment)
-        ("crossover_monitor.config", "import crossover_monitor.config", "crossover_monitor.config", s.std, s.env),
+        (
+            "crossover_monitor.config.loader",
+            "import crossover_monitor.config.loader",
+            "crossover_monitor.config.loader",
+            s.std,
+            s.env,
+        ),
         ("the pydantic model", "import settings_library_pydantic", "settings_library_pydantic", s.pyd, s.env_model),
         ("pydantic (BaseModel)", "from pydantic import BaseModel", "", s.pyd, s.env),  # lazy: no one module
         ("yaml", "import yaml", "yaml", s.std, s.env),
@@ -344,7 +350,10 @@ def measure_memory(s: Setup, example: Path) -> dict[str, list[float]]:
     memory = [
         Variant("interpreter (pass)", s.std, ["-c", RSS], s.env),
         Variant(
-            "stdlib: import crossover_monitor.config, load the example", s.std, ["-c", STDLIB_LOAD + RSS, f], s.env
+            "stdlib: import crossover_monitor.config.loader, load the example",
+            s.std,
+            ["-c", STDLIB_LOAD + RSS, f],
+            s.env,
         ),
         Variant("pydantic: import the model, validate the example", s.pyd, ["-c", PYDANTIC_LOAD + RSS, f], s.env_model),
         Variant("msgspec: import", s.pyd, ["-c", "import msgspec" + RSS], s.env),

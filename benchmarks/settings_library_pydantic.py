@@ -2,21 +2,21 @@
 # pydantic is not in the project's environment: there mypy sees its names as Any, and subclassing Any (misc) or
 # decorating with it (untyped-decorator) is an error in strict mode. Where pydantic is installed the file passes
 # `mypy --strict` without this line.
-"""The configuration of ``crossover_monitor/settings.py`` as pydantic v2 models, for ``settings_library.py`` to measure.
+"""The configuration of ``crossover_monitor/config/settings.py`` as pydantic v2 models, for ``settings_library.py`` to measure.
 
-Not used by the service. Every section and key of ``crossover_monitor/settings.py`` with the same bounds and the same
+Not used by the service. Every section and key of ``crossover_monitor/config/settings.py`` with the same bounds and the same
 rules between keys (interval or cron, not both; jitter shorter than the interval; max_blocks at least
 min_blocks; lists not empty, at most MAX_SIZES entries, each once, sizes sorted; '/GPU:0' and 'gpu:0' are one
 device), written the way pydantic is usually written: bounds as ``Field`` constraints, durations and "auto" as
 before-validators, rules between keys as field or model validators. Field names are those of
-``crossover_monitor/settings.py`` (``interval_s``), the YAML keys their aliases (``interval``), so error locations are key
-paths. Around the model: the service's own YAML reader (``crossover_monitor/yamlfile.py``, which a pydantic design would
+``crossover_monitor/config/settings.py`` (``interval_s``), the YAML keys their aliases (``interval``), so error locations are key
+paths. Around the model: the service's own YAML reader (``crossover_monitor/config/yamlfile.py``, which a pydantic design would
 keep) and ``key_paths``, which turns pydantic's errors into the current ``path: message`` lines (the first 50,
 then how many more).
 
 Usage: ``python benchmarks/settings_library_pydantic.py [--messages pydantic|paths] FILE`` (exit 78 on a bad
 file, as ``check-config``). Needs pydantic and PyYAML; imports ``crossover_monitor.model`` for the backend, dtype and mode
-names and the device-name rule, and ``crossover_monitor.convert.parse_duration`` for the duration syntax.
+names and the device-name rule, and ``crossover_monitor.config.convert.parse_duration`` for the duration syntax.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ from pydantic import (
     model_validator,
 )
 
-from crossover_monitor.convert import parse_duration
+from crossover_monitor.config.convert import parse_duration
+from crossover_monitor.config.yamlfile import YamlFileError, read_document
 from crossover_monitor.model import BACKENDS, DTYPES, MODES, canonical_device
 from crossover_monitor.text import abridged
-from crossover_monitor.yamlfile import YamlFileError, read_document
 
 DEFAULT_PORT = 9437
 MAX_PORT = 65535
@@ -200,7 +200,7 @@ class ScheduleSettings(Section):
     @classmethod
     def _cron_fires(cls, cron: str | None) -> str | None:
         if cron is not None:
-            from crossover_monitor.schedule import cron_problem  # noqa: PLC0415 - APScheduler's reading, only for a cron line
+            from crossover_monitor.service.schedule import cron_problem  # noqa: PLC0415 - APScheduler's reading, only for a cron line
 
             if (problem := cron_problem(cron)) is not None:
                 raise ValueError(problem)

@@ -46,14 +46,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from crossover_monitor.bench.hostinfo import default_cpu_threads  # noqa: E402
-from crossover_monitor.crossover import find_crossover  # noqa: E402
+from crossover_monitor.analysis.crossover import find_crossover  # noqa: E402
+from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
+from crossover_monitor.measure.guard.hostinfo import default_cpu_threads  # noqa: E402
 from crossover_monitor.model import MODES  # noqa: E402
 from crossover_monitor.protocol import Plan  # noqa: E402
-from crossover_monitor.report import render_json  # noqa: E402
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings, RefineSettings  # noqa: E402
-from crossover_monitor.state import StateStore  # noqa: E402
-from crossover_monitor.sweep import run_sweep  # noqa: E402
+from crossover_monitor.service.state import StateStore  # noqa: E402
+from crossover_monitor.service.sweep import run_sweep  # noqa: E402
+from crossover_monitor.view.report import render_json  # noqa: E402
 
 # 96 and 160 beside 128: on the H200 the compute crossover sits near 128, where one noisy size decides
 # the peer's bracket.

@@ -1,7 +1,7 @@
 """TensorFlow's CPU matmul with an intra-op pool of cores - 1 against cores - 2, idle and beside one busy core.
 
 The service sets TensorFlow's pool to ``cpu_threads - 1`` (its calling thread computes beside the pool,
-crossover_monitor/bench/tensorflow_backend.py). This probe times the CPU matmul with each pool size in
+crossover_monitor/measure/backends/tensorflow_backend.py). This probe times the CPU matmul with each pool size in
 fresh processes, alternated ``--rounds`` times, so the two are compared on one host in one hour: what the
 change costs the idle figure, and what one busy core (pinned to CPU 0) costs each.
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from crossover_monitor.cli import main
+from crossover_monitor.cli.main import main
 
 sys.exit(main())

@@ -22,7 +22,7 @@ DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
 
 @dataclass(frozen=True, kw_only=True)
 class BuiltinBackend:
-    """What is fixed about one built-in backend, crossover_monitor/bench/<name>_backend.py."""
+    """What is fixed about one built-in backend, crossover_monitor/measure/backends/<name>_backend.py."""
 
     name: str
     gpu_prefix: str  # how the framework names its GPUs: this and the index, e.g. "/GPU:0"
@@ -48,7 +48,7 @@ BUILTIN_BACKENDS: Mapping[str, BuiltinBackend] = {
 }
 BACKENDS: tuple[str, ...] = tuple(BUILTIN_BACKENDS)
 # The environment entry in which a backend that found no GPU says why, and how to fix it
-# (crossover_monitor/bench/nogpu.py).
+# (crossover_monitor/measure/nogpu.py).
 GPU_PROBLEM = "gpu_problem"
 # A CPU device's detail: how its framework shares a parallel call among its threads. "fork_join": each
 # call waits for its slowest thread (OpenMP: PyTorch), so a neighbour beside one thread stalls it;
@@ -422,7 +422,7 @@ class Crossover:
     dtype: str
     mode: Mode
     state: CrossoverState
-    size: float | None = None  # n* (fitted or interpolated: crossover_monitor/crossover.py), only when state is FOUND
+    size: float | None = None  # n* (fitted or interpolated: analysis/crossover.py), only when state is FOUND
     lower: float | None = None  # the measured sizes either side of n*
     upper: float | None = None
     # Where the next sweep's n* should land (95%) if nothing changes, from resampling the visits of the
@@ -613,7 +613,7 @@ def _finite(text: str | None) -> float | None:
 @dataclass(frozen=True, kw_only=True)
 class Snapshot:
     """What is served after a completed sweep: its timings, crossovers and costs, with the last good
-    timings of devices it withheld carried over (``crossover_monitor.carry``; ``measured_at`` says from when).
+    timings of devices it withheld carried over (``crossover_monitor.analysis.carry``; ``measured_at`` says from when).
     Never mutated after it is built."""
 
     started_at: float  # unix seconds
@@ -718,7 +718,7 @@ class SweepOutcome:
 @dataclass(frozen=True, kw_only=True)
 class ServiceState:
     """Everything the HTTP side reads: the served snapshot and the service's counts and times, replaced
-    as a whole after each sweep, retry or skip (``crossover_monitor.state``)."""
+    as a whole after each sweep, retry or skip (``crossover_monitor.service.state``)."""
 
     latest: Snapshot | None = None  # latest sweep whose worker completed
     last_success_at: float | None = None

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 
 from crossover_monitor.codec import DecodeError, from_data, parse_json, to_data
+from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings
 from crossover_monitor.model import (
     DeviceFailure,
     DeviceInfo,
@@ -18,7 +19,6 @@ from crossover_monitor.model import (
     Role,
     Withheld,
 )
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings
 from crossover_monitor.text import abridged
 
 
@@ -40,7 +40,7 @@ class Plan:
     # The top of each point's idle range over recent calm sweeps (``ServiceState.range_tops``), and what they
     # were timed with (``model.timed_with``): a worker that times otherwise leaves them unused.
     range_tops: tuple[RangeTop, ...] = ()
-    point_figures_timed_as: str = ""
+    range_tops_timed_as: str = ""
     # What other programs use of the host in nine recent sweeps of ten (``ServiceState.usual_others``), in cores.
     usual_others: float = 0.0
 

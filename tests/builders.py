@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from crossover_monitor.crossover import crossovers as derive_crossovers
+from crossover_monitor.analysis.crossover import crossovers as derive_crossovers
 from crossover_monitor.model import (
     Crossover,
     CrossoverState,

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from crossover_monitor.config.settings import BenchmarkSettings, RefineSettings, TimingSettings
 from crossover_monitor.model import Mode
 from crossover_monitor.protocol import Plan
-from crossover_monitor.settings import BenchmarkSettings, RefineSettings, TimingSettings
 
 # The real-deploy fixtures (an image built with podman, machines booted with systemd-nspawn).
 pytest_plugins = ("tests.realdeploy",)

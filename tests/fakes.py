@@ -14,8 +14,8 @@ import signal
 import time
 from collections.abc import Mapping, Sequence
 
-from crossover_monitor.bench.contract import BackendOptions, RunBlock
 from crossover_monitor.errors import DeviceUnavailable
+from crossover_monitor.measure.contract import BackendOptions, RunBlock
 from crossover_monitor.model import DeviceInfo, Mode
 
 CPU = DeviceInfo(backend="fake", device="/CPU:0", kind="cpu", name="Fake CPU")

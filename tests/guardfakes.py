@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from crossover_monitor.bench.contract import BackendOptions, RunBlock
-from crossover_monitor.bench.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
-from crossover_monitor.bench.runner import run_plan
-from crossover_monitor.config import settings_from_mapping
-from crossover_monitor.daemon import Service
+from crossover_monitor.config.loader import settings_from_mapping
+from crossover_monitor.config.settings import GuardSettings
+from crossover_monitor.measure.contract import BackendOptions, RunBlock
+from crossover_monitor.measure.guard.guard import GpuProcess, GpuSample, GpuSampler, Guard, GuardUnavailable, HostLoad
+from crossover_monitor.measure.runner import run_plan
 from crossover_monitor.model import (
     DeviceInfo,
     HostReference,
@@ -31,8 +31,8 @@ from crossover_monitor.model import (
     Withheld,
 )
 from crossover_monitor.protocol import Message, Plan
-from crossover_monitor.settings import GuardSettings
-from crossover_monitor.sweep import END_OF_STREAM, EndOfStream, run_sweep
+from crossover_monitor.service.daemon import Service
+from crossover_monitor.service.sweep import END_OF_STREAM, EndOfStream, run_sweep
 from tests.conftest import free_port, make_plan
 from tests.fakes import CurveBackend
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 
-from crossover_monitor.bench.contract import RunBlock
+from crossover_monitor.measure.contract import RunBlock
 from crossover_monitor.model import DeviceInfo, Mode
 from tests.fakes import CpuOnlyBackend
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.model import (
     CPU_AFFINITY,
     DRIVER_VERSION,
@@ -26,7 +27,6 @@ from crossover_monitor.model import (
     SweepOutcome,
     SweepResult,
 )
-from crossover_monitor.settings import BenchmarkSettings
 from tests.builders import measurement, snapshot
 
 BACKEND = "tensorflow"

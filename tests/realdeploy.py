@@ -67,7 +67,7 @@ UNIT = REPO / "deploy" / "systemd" / "crossover-monitor.service"
 EXAMPLE_CONFIG = REPO / "deploy" / "config.example.yaml"
 UNIT_NAME = UNIT.name
 # A shell test for a sweep's worker process (slim trees have no pgrep).
-WORKER_RUNNING = "grep -qs crossover_monitor.bench.worker /proc/[0-9]*/cmdline"
+WORKER_RUNNING = "grep -qs crossover_monitor.measure.worker /proc/[0-9]*/cmdline"
 # Free disk each build needs at its peak, on the filesystem of .cache/deploy, with the base image and the
 # wheelhouse already there: the build stage's virtual environment, then the final stage's copy of it, each
 # also written out once more while podman commits it. Measured with this suite's flags (--layers=false) on

@@ -16,9 +16,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from crossover_monitor.http.server import MetricsServer
 from crossover_monitor.metrics import render_state
 from crossover_monitor.model import ServiceState
-from crossover_monitor.server import MetricsServer
 from tests.conftest import REPO, free_port
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -124,7 +124,7 @@ def started_services(directory: Path) -> Iterator[Callable[[str], RunningService
 
 
 def landing() -> str:
-    """A landing page for a server built without the service (the service's own is crossover_monitor/page.py's)."""
+    """A landing page for a server built without the service (the service's own is crossover_monitor/http/page.py's)."""
     return "<html><body><a href='/metrics'>/metrics</a></body></html>"
 
 

@@ -12,12 +12,12 @@ from typing import cast
 
 import pytest
 
-from crossover_monitor.bench.contract import BackendOptions, CheckedBackend
-from crossover_monitor.bench.hostinfo import usable_cpus
-from crossover_monitor.bench.registry import load_backend
-from crossover_monitor.bench.runner import run_plan
-from crossover_monitor.bench.timing import measure
 from crossover_monitor.errors import DeviceUnavailable, MeasurementFailed, PlacementError
+from crossover_monitor.measure.contract import BackendOptions, CheckedBackend
+from crossover_monitor.measure.guard.hostinfo import usable_cpus
+from crossover_monitor.measure.registry import load_backend
+from crossover_monitor.measure.runner import run_plan
+from crossover_monitor.measure.timing import measure
 from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
@@ -34,7 +34,7 @@ from crossover_monitor.model import (
     SweepResult,
 )
 from crossover_monitor.protocol import Environment, Message
-from crossover_monitor.sweep import run_sweep
+from crossover_monitor.service.sweep import run_sweep
 from tests.conftest import QUICK_TIMING, make_plan, with_bench
 
 pytestmark = pytest.mark.framework

@@ -134,7 +134,7 @@ def test_shared_node_reports_a_recorded_cotenant_run_with_the_host_of_each_sweep
 def test_no_recorded_size_led_against_two_neighbours_that_both_led_clearly() -> None:
     """The margin by which the crossover takes a missing size to lead as its neighbours do (1.35x) stands on
     the recorded sweeps: crossover_gaps.py finds no size there that went against two clearer leads."""
-    from crossover_monitor.crossover import _CLEAR_LEAD  # noqa: PLC0415 - the constant under test
+    from crossover_monitor.analysis.crossover import _CLEAR_LEAD  # noqa: PLC0415 - the constant under test
 
     result = _run(BENCHMARKS / "crossover_gaps.py")
     assert result.returncode == 0, result.stderr

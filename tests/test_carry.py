@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from crossover_monitor.carry import merge, served, trimmed
+from crossover_monitor.analysis.carry import merge, served, trimmed
+from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.model import CrossoverState
-from crossover_monitor.settings import BenchmarkSettings
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.state import StateStore
 from tests.conftest import make_plan
 from tests.guardfakes import IDLE, JOB, sweep_with
 

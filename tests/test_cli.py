@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor import __version__
-from crossover_monitor.cli import main
+from crossover_monitor.cli.main import main
 from crossover_monitor.model import GPU_PROBLEM, CrossoverState, HardwareContext, SweepOutcome, SweepResult
-from crossover_monitor.report import render_table
+from crossover_monitor.view.report import render_table
 from tests import builders
 from tests.conftest import REPO
 from tests.service import fake_config
@@ -222,7 +222,7 @@ def test_logfmt_lines_parse_back_to_their_fields() -> None:
     """--log.format logfmt: key=value pairs, values with spaces, quotes or line breaks quoted and escaped."""
     import logging  # noqa: PLC0415
 
-    from crossover_monitor.logs import LogfmtFormatter  # noqa: PLC0415
+    from crossover_monitor.cli.logs import LogfmtFormatter  # noqa: PLC0415
 
     record = logging.LogRecord("crossover_monitor", logging.WARNING, __file__, 1, 'sweep "a"\nended', None, None)
     record.device = "/GPU:0"
@@ -247,9 +247,9 @@ def test_json_lines_use_prometheus_keys_and_text_lines_cannot_be_forged() -> Non
     a client's text with line breaks stays one line in the text format too (no forged journald line)."""
     import logging  # noqa: PLC0415
 
-    from crossover_monitor.logs import JsonFormatter, TextFormatter  # noqa: PLC0415
+    from crossover_monitor.cli.logs import JsonFormatter, TextFormatter  # noqa: PLC0415
 
-    forged = "kubelet said: no\n2026-12-06T00:00:00.00Z ERROR   crossover_monitor.daemon: forged"
+    forged = "kubelet said: no\n2026-12-06T00:00:00.00Z ERROR   crossover_monitor.service.daemon: forged"
     record = logging.LogRecord("crossover_monitor.guard", logging.INFO, "/x/guard.py", 7, forged, None, None)
     record.detail = "a\nb"
     body = json.loads(JsonFormatter().format(record))
@@ -259,7 +259,7 @@ def test_json_lines_use_prometheus_keys_and_text_lines_cannot_be_forged() -> Non
     assert "\n" not in line
     assert line.endswith(
         "crossover_monitor.guard: kubelet said: no\\n"
-        "2026-12-06T00:00:00.00Z ERROR   crossover_monitor.daemon: forged detail=a\\nb"
+        "2026-12-06T00:00:00.00Z ERROR   crossover_monitor.service.daemon: forged detail=a\\nb"
     )
 
 
@@ -287,7 +287,7 @@ def test_check_config_needs_the_file_once(argv: list[str], capsys: pytest.Captur
 
 def test_listen_address_takes_a_bare_port_and_keeps_its_old_name() -> None:
     """--web.listen-address :PORT listens on every interface; --listen is the same flag."""
-    from crossover_monitor.cli import _parse, _settings  # noqa: PLC0415
+    from crossover_monitor.cli.main import _parse, _settings  # noqa: PLC0415
 
     for flag in ("--web.listen-address", "--listen"):
         settings = _settings(_parse(["run", flag, ":9555"]))

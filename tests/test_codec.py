@@ -7,9 +7,9 @@ import json
 import pytest
 
 from crossover_monitor.codec import DecodeError, from_data, to_data
+from crossover_monitor.config.settings import GuardSettings
 from crossover_monitor.model import Snapshot, SweepOutcome, SweepResult
 from crossover_monitor.protocol import ProtocolError, decode
-from crossover_monitor.settings import GuardSettings
 from tests.builders import FULL_SNAPSHOT
 
 
@@ -77,8 +77,8 @@ def test_an_integer_beyond_any_float_is_a_decode_error_not_a_crash() -> None:
 
 def test_a_plan_from_the_wire_holds_the_benchmark_rules() -> None:
     """A plan whose JSON breaks a declared rule (a size of 0, an unknown dtype) is refused with the key named."""
+    from crossover_monitor.config.settings import BenchmarkSettings  # noqa: PLC0415
     from crossover_monitor.protocol import Plan  # noqa: PLC0415
-    from crossover_monitor.settings import BenchmarkSettings  # noqa: PLC0415
 
     good = json.loads(Plan(bench=BenchmarkSettings(), guard=GuardSettings()).to_json())
     for change, message in (
@@ -91,7 +91,7 @@ def test_a_plan_from_the_wire_holds_the_benchmark_rules() -> None:
 
 def test_settings_built_in_code_refuse_text_durations() -> None:
     """A duration field holds seconds: text is YAML's business, and a string there is a TypeError, not kept."""
-    from crossover_monitor.settings import TimingSettings  # noqa: PLC0415
+    from crossover_monitor.config.settings import TimingSettings  # noqa: PLC0415
 
     with pytest.raises(TypeError, match="block_time: must be a number"):
         TimingSettings(block_s="30s")  # type: ignore[arg-type]

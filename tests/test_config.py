@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from crossover_monitor.cli import main
-from crossover_monitor.config import keys_of, load_settings, settings_from_mapping, with_listen
-from crossover_monitor.convert import parse_duration
-from crossover_monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
-from crossover_monitor.settings import (
+from crossover_monitor.cli.main import main
+from crossover_monitor.config.convert import parse_duration
+from crossover_monitor.config.loader import keys_of, load_settings, settings_from_mapping, with_listen
+from crossover_monitor.config.settings import (
     DEFAULT_PORT,
     REPLACED_KEYS,
     BenchmarkSettings,
@@ -22,6 +21,7 @@ from crossover_monitor.settings import (
     TimingSettings,
     sections,
 )
+from crossover_monitor.errors import EXIT_CONFIG, EXIT_OK, ConfigError
 from tests.conftest import REPO
 
 # (document, key path the message must name, a fragment of the message)

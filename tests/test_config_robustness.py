@@ -16,10 +16,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crossover_monitor.config import load_settings
+from crossover_monitor.config.loader import load_settings
 from crossover_monitor.errors import EXIT_CONFIG, ConfigError, Problem
 from crossover_monitor.protocol import Plan
-from crossover_monitor.schedule import SweepScheduler
+from crossover_monitor.service.schedule import SweepScheduler
 
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8)

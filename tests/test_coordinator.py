@@ -14,11 +14,15 @@ from typing import Any
 
 import pytest
 
-from crossover_monitor.bench import worker
-from crossover_monitor.config import settings_from_mapping
-from crossover_monitor.coordinator import SweepCoordinator
-from crossover_monitor.daemon import Service
-from crossover_monitor.history import RunHistory, read_recent
+from crossover_monitor.config.loader import settings_from_mapping
+from crossover_monitor.config.settings import (
+    BenchmarkSettings,
+    HistorySettings,
+    RefineSettings,
+    ServerSettings,
+    Settings,
+)
+from crossover_monitor.measure import worker
 from crossover_monitor.model import (
     HostReference,
     PointKey,
@@ -29,8 +33,10 @@ from crossover_monitor.model import (
     SweepResult,
 )
 from crossover_monitor.protocol import Plan
-from crossover_monitor.settings import BenchmarkSettings, HistorySettings, RefineSettings, ServerSettings, Settings
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.coordinator import SweepCoordinator
+from crossover_monitor.service.daemon import Service
+from crossover_monitor.service.history import RunHistory, read_recent
+from crossover_monitor.service.state import StateStore
 from tests.conftest import QUICK_TIMING, free_port
 from tests.fakes import SteppedClock
 from tests.guardfakes import IDLE, JOB, FakeSampler, ThreadWorker, fake_guard, until_a_retry_measures
@@ -251,7 +257,7 @@ def test_a_wall_clock_step_back_during_a_sweep_leaves_its_duration_true(
         return ThreadWorker(plan, fake_guard(None))
 
     coordinator = SweepCoordinator(store, launch=launch, clock=wall)
-    with caplog.at_level(logging.INFO, logger="crossover_monitor.coordinator"):
+    with caplog.at_level(logging.INFO, logger="crossover_monitor.service.coordinator"):
         coordinator._sweep()  # the scheduler is not started: the sweep runs here, on this thread
     history.close()
     outcome = store.read().last_outcome

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from crossover_monitor.crossover import (
+from crossover_monitor.analysis.crossover import (
     RECENT_SWEEPS,
     SpeedupPoint,
     crossovers,

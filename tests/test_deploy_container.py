@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import yaml
 
-from crossover_monitor.cli import _parser
-from crossover_monitor.settings import DEFAULT_PORT
+from crossover_monitor.cli.main import _parser
+from crossover_monitor.config.settings import DEFAULT_PORT
 from tests.conftest import REPO, free_port, tool
 from tests.locks import dockerfile_lock, lock_path
 from tests.memorylimits import HEADROOM, mib, recorded_peak_mib
@@ -261,7 +261,7 @@ def test_build_context_keeps_what_the_dockerfiles_copy_and_nothing_else() -> Non
     for source in copied:
         assert (REPO / source).exists(), source
         assert not dockerignore_excludes(source, patterns), source
-    assert not dockerignore_excludes("crossover_monitor/bench/worker.py", patterns)
+    assert not dockerignore_excludes("crossover_monitor/measure/worker.py", patterns)
     for unwanted in (
         ".git/HEAD",
         ".venv/bin/python",

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from crossover_monitor import __version__
-from crossover_monitor.cli import _parser
-from crossover_monitor.coordinator import STOP_WAIT_S
-from crossover_monitor.settings import DEFAULT_PORT
+from crossover_monitor.cli.main import _parser
+from crossover_monitor.config.settings import DEFAULT_PORT
+from crossover_monitor.service.coordinator import STOP_WAIT_S
 from tests.conftest import REPO
 from tests.promql import DASHBOARD, FLEET_DASHBOARD, FLEET_RULES, RULES, SCRAPE_EXAMPLE, promtool
 
@@ -388,7 +388,7 @@ def _json_patch(document: dict[str, Any], operations: list[dict[str, Any]]) -> d
 def test_the_pod_names_component_mounts_only_the_kubelets_socket_read_only() -> None:
     """The opt-in component: the kubelet's pod-resources directory read-only where the worker looks, as root
     (the socket's owner) but with no capability, no escalation and a read-only root file system."""
-    from crossover_monitor.bench.podresources import DEFAULT_SOCKET  # noqa: PLC0415
+    from crossover_monitor.measure.guard.podresources import DEFAULT_SOCKET  # noqa: PLC0415
 
     component = load(HERE / "pod-names" / "kustomization.yaml")
     assert component["kind"] == "Component"

@@ -18,7 +18,7 @@ import pytest
 from packaging.utils import canonicalize_name
 
 import crossover_monitor
-from crossover_monitor.coordinator import STOP_WAIT_S
+from crossover_monitor.service.coordinator import STOP_WAIT_S
 from tests.conftest import REPO, free_port
 from tests.locks import dockerfile_lock, read_lock
 from tests.realdeploy import WORKER_RUNNING, image_packages, podman
@@ -26,7 +26,7 @@ from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOP_LINE = "INFO    crossover_monitor.coordinator: sweep stopped: the service is stopping"
+STOP_LINE = "INFO    crossover_monitor.service.coordinator: sweep stopped: the service is stopping"
 UID_GID = "10001:10001"
 DOCKERFILES = REPO / "deploy" / "container"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.cli import _parser
-from crossover_monitor.coordinator import STOP_WAIT_S
+from crossover_monitor.cli.main import _parser
 from crossover_monitor.errors import EXIT_CONFIG
+from crossover_monitor.service.coordinator import STOP_WAIT_S
 from tests.conftest import REPO
 from tests.memorylimits import HEADROOM, mib, recorded_peak_mib
 

@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from crossover_monitor.coordinator import STOP_WAIT_S
 from crossover_monitor.errors import EXIT_CONFIG
+from crossover_monitor.service.coordinator import STOP_WAIT_S
 from tests.conftest import free_port
 from tests.realdeploy import UNIT_NAME, WORKER_RUNNING, Machine, config_text
 from tests.service import find, http_get, parse, wait_until
 
 pytestmark = pytest.mark.slow
 
-STOP_LINE = "INFO    crossover_monitor.coordinator: sweep stopped: the service is stopping"
+STOP_LINE = "INFO    crossover_monitor.service.coordinator: sweep stopped: the service is stopping"
 # systemd's dynamic users come from this range (systemd's docs/UIDS-GIDS.md).
 DYNAMIC_UIDS = range(61184, 65520)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from crossover_monitor.config import load_settings
+from crossover_monitor.config.loader import load_settings
 from tests.conftest import REPO
 
 PAGES = [

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crossover_monitor.federation import GLOBAL_SERIES, SelectorError, findings, parse_selector
+from crossover_monitor.cli.federation import GLOBAL_SERIES, SelectorError, findings, parse_selector
 from tests.conftest import REPO
 from tests.promql import FLEET_RULES, RULES, promtool
 

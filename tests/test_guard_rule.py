@@ -17,10 +17,10 @@ from typing import Any, Literal
 
 import pytest
 
-from crossover_monitor.bench.guard import GpuSample, JudgedPoint
-from crossover_monitor.bench.timing import BlockWatch
+from crossover_monitor.config.settings import RefineSettings
+from crossover_monitor.measure.guard.guard import GpuSample, JudgedPoint
+from crossover_monitor.measure.timing import BlockWatch
 from crossover_monitor.model import DeviceInfo, HostReference, Measurement, PointKey, RangeTop, WithheldReason
-from crossover_monitor.settings import RefineSettings
 from tests.conftest import make_plan
 from tests.guardfakes import IDLE, JOB, FakeHost, FakeSampler, SlowedWhileTiming, fake_guard, run_guarded, withheld_in
 
@@ -119,7 +119,7 @@ POINT_RULE = (
         tries=1,
     ),
     Row(
-        "beside others at point_figure_other_cores, past its idle range by more than host_max_slowdown, twice",
+        "beside others at range_others_cores, past its idle range by more than range_max_slowdown, twice",
         "host_slowed",
         0.75,
         others=(0.75,),

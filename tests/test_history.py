@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
 from crossover_monitor.model import (
     DeviceInfo,
     HostReference,
@@ -29,7 +28,8 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
-from crossover_monitor.report import render_history
+from crossover_monitor.service.history import FILE_NAME, SERVED_FORMAT, HistoryUnavailable, RunHistory, read_recent
+from crossover_monitor.view.report import render_history
 from tests.builders import FULL_SNAPSHOT, measurement
 from tests.conftest import REPO
 from tests.service import RunningService, fake_config, find
@@ -543,7 +543,7 @@ def test_a_run_a_busy_file_kept_out_is_written_with_the_next_or_at_close(
     """Another writer holding the file's write lock: the record waits WRITE_WAIT_S, keeps the run and says so;
     the next record writes both; a run kept at close is written then."""
     # The wait's length is not what this shows: 0.2 s instead of the service's 2 s, twice (issue 36).
-    monkeypatch.setattr("crossover_monitor.history.WRITE_WAIT_S", 0.2)
+    monkeypatch.setattr("crossover_monitor.service.history.WRITE_WAIT_S", 0.2)
     history = RunHistory.open(tmp_path, keep_runs=10)
     assert history.record("sweep", SUCCESS, served_after(SUCCESS), "torch")
     other = sqlite3.connect(tmp_path / FILE_NAME, isolation_level=None)

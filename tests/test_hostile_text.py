@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.cli import main
+from crossover_monitor.cli.main import main
 from crossover_monitor.codec import to_data
-from crossover_monitor.history import FILE_NAME, HistoryUnavailable, RunHistory, read_recent
+from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.model import DeviceInfo, ServiceState, SweepOutcome, SweepResult
 from crossover_monitor.protocol import Environment, Plan, decode
-from crossover_monitor.settings import BenchmarkSettings
+from crossover_monitor.service.history import FILE_NAME, HistoryUnavailable, RunHistory, read_recent
 from tests import builders
 from tests.conftest import REPO
 from tests.fakes import CPU, GPU, HOSTILE_TEXT, cpu_seconds, gpu_seconds

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.bench.hostinfo import (
+from crossover_monitor.measure.guard.hostinfo import (
     ProcStatMeter,
     affinity_text,
     cgroup_cpu_limit,
@@ -85,7 +85,7 @@ def test_proc_stat_meter_measures_how_long_this_process_waited_for_a_cpu() -> No
     idlest of its cores), hardly."""
     script = r"""
 import os, subprocess, sys, time
-from crossover_monitor.bench.hostinfo import ProcStatMeter
+from crossover_monitor.measure.guard.hostinfo import ProcStatMeter
 
 def idle_ticks():
     lines = open("/proc/stat").read().splitlines()

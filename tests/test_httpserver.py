@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from crossover_monitor.httpserver import Gate, HttpLimits, HttpServer, Request, Response
+from crossover_monitor.http.httpserver import Gate, HttpLimits, HttpServer, Request, Response
 
 BIG = b"matmul_duration_seconds 1.0\n" * 200
 LIMITS = HttpLimits(request_timeout_s=1.0, idle_timeout_s=1.0, max_connections=16, workers=2, stop_timeout_s=2.0)

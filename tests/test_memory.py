@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.bench.contract import BackendOptions
-from crossover_monitor.bench.runner import run_plan
-from crossover_monitor.config import memory_warnings
+from crossover_monitor.config.loader import memory_warnings
+from crossover_monitor.config.settings import BenchmarkSettings, Settings
+from crossover_monitor.measure.contract import BackendOptions
+from crossover_monitor.measure.runner import run_plan
 from crossover_monitor.memory import MemoryLimit, matrices_bytes, memory_limit, oom_kills, refusal
 from crossover_monitor.model import DTYPES, DeviceFailure, Measurement
 from crossover_monitor.protocol import Message
-from crossover_monitor.settings import BenchmarkSettings, Settings
 from tests.conftest import REPO, make_plan
 from tests.fakes import VirtualClock, VirtualCurveBackend
 
@@ -191,7 +191,7 @@ def cgroup(request: pytest.FixtureRequest) -> Iterator[MemoryCgroup]:
 # A daemon's part of a sweep: run_sweep in a process of its own, inside the cgroup, the worker started from it.
 SWEEP = """
 import json, sys, threading
-from crossover_monitor.sweep import run_sweep
+from crossover_monitor.service.sweep import run_sweep
 from tests.conftest import make_plan
 sizes = tuple(int(n) for n in sys.argv[2].split(","))
 outcome = run_sweep(make_plan(sys.argv[1], sizes=sizes, modes=("compute",)), timeout_s=20, cancel=threading.Event())

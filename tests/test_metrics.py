@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from crossover_monitor.config.settings import BenchmarkSettings, Settings
 from crossover_monitor.metrics import (
     EXPOSED_NAMES,
     StateCollector,
@@ -30,8 +31,7 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
-from crossover_monitor.settings import BenchmarkSettings, Settings
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.state import StateStore
 from tests import builders
 from tests.service import parse
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from crossover_monitor.bench.registry import BUILTIN
+from crossover_monitor.measure.registry import BUILTIN
 from crossover_monitor.model import (
     BACKENDS,
     BUILTIN_BACKENDS,
@@ -33,10 +33,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_each_builtin_backend_has_its_module() -> None:
-    """One table: each built-in backend is crossover_monitor/bench/<name>_backend.py."""
+    """One table: each built-in backend is crossover_monitor/measure/backends/<name>_backend.py."""
     assert tuple(BUILTIN) == BACKENDS
     for name in BUILTIN_BACKENDS:
-        assert (REPO / "crossover_monitor" / "bench" / f"{name}_backend.py").is_file()
+        assert (REPO / "crossover_monitor" / "measure" / "backends" / f"{name}_backend.py").is_file()
     assert BUILTIN_BACKENDS["tensorflow"].gpu_device(1) == "/GPU:1"
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.cli import _parse
-from crossover_monitor.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
+from crossover_monitor.cli.main import _parse
+from crossover_monitor.cli.nodecheck import ALERTS, Check, Status, Verdict, combine, judge_service
 from tests.conftest import REPO, free_port
 from tests.fakeserver import drip, flood, redirect_to, reply, server, serving
 from tests.service import RunningService, fake_config, started_services, stop_process, wait_until

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from crossover_monitor.bench.nogpu import (
+from crossover_monitor.measure.nogpu import (
     Facts,
     HostGpu,
     cuda_libraries,

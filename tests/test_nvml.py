@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.bench import nvml
-from crossover_monitor.bench.guard import GuardUnavailable
+from crossover_monitor.measure.guard import nvml
+from crossover_monitor.measure.guard.guard import GuardUnavailable
 from crossover_monitor.model import DeviceInfo
 
 GPU = DeviceInfo(backend="torch", device="cuda:0", kind="gpu", name="H200", details=(("uuid", "GPU-abc"),))

@@ -55,7 +55,7 @@ def test_the_wheel_holds_the_package_and_its_entry_point(built: Path) -> None:
     top_level = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert top_level == {"crossover_monitor"}
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
-    assert "crossover-monitor = crossover_monitor.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "crossover-monitor = crossover_monitor.cli.main:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
     (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
     text = zipfile.ZipFile(wheel).read(metadata).decode()
     assert "License-Expression: Apache-2.0" in text or "License: Apache-2.0" in text
@@ -67,7 +67,7 @@ def test_the_sdist_carries_the_license_and_readme(built: Path) -> None:
     (sdist,) = built.glob(f"crossover_monitor-{__version__}.tar.gz")
     with tarfile.open(sdist) as archive:
         names = {n.split("/", 1)[1] for n in archive.getnames() if "/" in n}
-    assert {"LICENSE", "README.md", "pyproject.toml", "crossover_monitor/cli.py"} <= names
+    assert {"LICENSE", "README.md", "pyproject.toml", "crossover_monitor/cli/main.py"} <= names
 
 
 def test_the_installed_wheel_runs_from_outside_the_checkout(built: Path, tmp_path: Path) -> None:

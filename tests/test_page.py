@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor import page
-from crossover_monitor.history import Run
+from crossover_monitor.config.settings import BenchmarkSettings, Settings
+from crossover_monitor.http import page
 from crossover_monitor.model import (
     GPU_PROBLEM,
     ServiceState,
@@ -25,7 +25,7 @@ from crossover_monitor.model import (
     Withheld,
     WithheldReason,
 )
-from crossover_monitor.settings import BenchmarkSettings, Settings
+from crossover_monitor.service.history import Run
 from tests import builders
 from tests.browser import browse
 from tests.builders import FULL_SNAPSHOT
@@ -220,7 +220,7 @@ def test_the_picture_is_drawn_once_per_sweep_in_process_without_matplotlib() -> 
     as with the default install), once per sweep, and kept."""
     probe = (
         "import sys; sys.modules['matplotlib'] = None; import xml.etree.ElementTree as ET; "
-        "from crossover_monitor import page; from crossover_monitor.model import ServiceState; "
+        "from crossover_monitor.http import page; from crossover_monitor.model import ServiceState; "
         "from tests.builders import FULL_SNAPSHOT; "
         "picture = page.SweepPicture(); state = ServiceState(latest=FULL_SNAPSHOT); drawn = picture.look(state); "
         "assert drawn.state is page.PictureState.DRAWN, drawn; ET.fromstring(drawn.svg); "
@@ -282,7 +282,7 @@ def test_a_chart_that_cannot_be_drawn_is_logged_said_and_not_tried_again_for_tha
     nothing = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, measurements=()))
     many = [builders.measurement(f"cuda:{i}", 64, 1e-4, backend="torch", dtype=t) for i in range(33) for t in "ab"]
     too_many = ServiceState(latest=dataclasses.replace(FULL_SNAPSHOT, measurements=tuple(many)))
-    with caplog.at_level(logging.WARNING, logger="crossover_monitor.page"):
+    with caplog.at_level(logging.WARNING, logger="crossover_monitor.http.page"):
         for state in (nothing, nothing, too_many, too_many):
             assert picture.look(state) == page.Picture(page.PictureState.FAILED)
     assert len(drawing.drew) == 2
@@ -303,7 +303,7 @@ def test_a_bug_in_drawing_is_logged_with_its_traceback_and_the_page_says_the_pic
         raise ZeroDivisionError(latest.finished_at)
 
     state = ServiceState(latest=FULL_SNAPSHOT)
-    with caplog.at_level(logging.ERROR, logger="crossover_monitor.page"):
+    with caplog.at_level(logging.ERROR, logger="crossover_monitor.http.page"):
         looked = page.SweepPicture(broken).look(state)
     assert looked.state is page.PictureState.FAILED
     (record,) = [r for r in caplog.records if r.getMessage() == "drawing the sweep's chart failed"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from crossover_monitor.chart import Chart, PlotError, from_json, from_url
-from crossover_monitor.cli import main
+from crossover_monitor.cli.main import main
+from crossover_monitor.http.server import MetricsServer
 from crossover_monitor.model import (
     DeviceInfo,
     Role,
@@ -25,8 +25,8 @@ from crossover_monitor.model import (
     SweepOutcome,
     SweepResult,
 )
-from crossover_monitor.report import render_json
-from crossover_monitor.server import MetricsServer
+from crossover_monitor.view.chart import Chart, PlotError, from_json, from_url
+from crossover_monitor.view.report import render_json
 from tests import builders
 from tests.conftest import REPO, free_port
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
@@ -169,7 +169,7 @@ def _without_matplotlib(*argv: str) -> subprocess.CompletedProcess[str]:
     """`crossover-monitor ARGV` where matplotlib cannot be imported, as with the default install."""
     # A None entry in sys.modules is Python's own way of making an import fail.
     code = (
-        "import sys; sys.modules['matplotlib'] = None; from crossover_monitor.cli import main; "
+        "import sys; sys.modules['matplotlib'] = None; from crossover_monitor.cli.main import main; "
         f"sys.exit(main({list(argv)!r}))"
     )
     return subprocess.run(
@@ -203,7 +203,7 @@ def test_an_svg_needs_no_plot_extra(tmp_path: Path) -> None:
 @needs_matplotlib
 def test_chart_is_log_log_with_a_curve_per_device_and_mode_and_a_line_at_each_crossover(tmp_path: Path) -> None:
     """Both axes are logarithmic; CPU and GPU each get a curve per mode; each n* gets a vertical line there."""
-    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.view.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     chart = from_json(_json_file(tmp_path, _snapshot()))
     (axes,) = draw(chart).axes
@@ -220,7 +220,7 @@ def test_chart_is_log_log_with_a_curve_per_device_and_mode_and_a_line_at_each_cr
 @needs_matplotlib
 def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
     """A CPU-only sweep draws the CPU curves and names the no_gpu state in the legend instead of a crossover."""
-    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.view.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     (axes,) = draw(from_json(_json_file(tmp_path, _snapshot(devices=(CPU,))))).axes
     legend = axes.get_legend()
@@ -233,7 +233,7 @@ def test_cpu_only_sweep_notes_that_there_is_no_gpu(tmp_path: Path) -> None:
 @needs_matplotlib
 def test_each_dtype_gets_its_own_panel(tmp_path: Path) -> None:
     """Two dtypes in one sweep give two panels, titled by dtype."""
-    from crossover_monitor.plot import draw  # noqa: PLC0415 - imports matplotlib
+    from crossover_monitor.view.plot import draw  # noqa: PLC0415 - imports matplotlib
 
     figure = draw(from_json(_json_file(tmp_path, _snapshot(dtypes=("float32", "float16")))))
     assert [axes.get_title() for axes in figure.axes] == ["float16", "float32"]

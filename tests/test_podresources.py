@@ -1,7 +1,7 @@
 """The kubelet's pod-resources API, served by a local gRPC server that speaks v1 as the kubelet does.
 
 The server's answers are encoded by the protobuf library itself, from the messages of the kubelet's
-api.proto (built at run time), so the hand decoder in crossover_monitor/bench/podresources.py is checked
+api.proto (built at run time), so the hand decoder in crossover_monitor/measure/guard/podresources.py is checked
 against the real wire format, unknown fields (CPU ids, NUMA topology) included.
 """
 
@@ -19,7 +19,7 @@ import grpc
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from crossover_monitor.bench.podresources import (
+from crossover_monitor.measure.guard.podresources import (
     LIST_METHOD,
     MAX_ANSWER_BYTES,
     MAX_PODS,

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from crossover_monitor.preflight import executable_memory_problem, host_problem, temp_dir_problem
+from crossover_monitor.service.preflight import executable_memory_problem, host_problem, temp_dir_problem
 from tests.conftest import REPO
 
 # prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN): the kernel's own memory-deny-write-execute (Linux 6.3+),
@@ -18,7 +18,7 @@ import ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 if libc.prctl(65, 1, 0, 0, 0) != 0:
     sys.exit(77)
-from crossover_monitor.preflight import executable_memory_problem, host_problem
+from crossover_monitor.service.preflight import executable_memory_problem, host_problem
 print(executable_memory_problem())
 print(host_problem())
 """

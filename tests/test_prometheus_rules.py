@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from crossover_monitor.config.settings import DEFAULT_PORT
 from crossover_monitor.metrics import EXPOSED_NAMES, METRICS
-from crossover_monitor.settings import DEFAULT_PORT
 from tests.promql import (
     ALERTS_DOC,
     RULE_FILES,

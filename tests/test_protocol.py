@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings
 from crossover_monitor.model import (
     DeviceFailure,
     DeviceInfo,
@@ -16,7 +17,6 @@ from crossover_monitor.model import (
     WithheldReason,
 )
 from crossover_monitor.protocol import Done, Environment, Fatal, Message, Plan, ProtocolError, Started, decode, encode
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings
 from tests.builders import point_key, timing
 
 KEY = point_key("/GPU:0", 512, backend="tensorflow", mode="end_to_end")

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from crossover_monitor.bench.contract import BackendOptions
-from crossover_monitor.bench.registry import load_backend
 from crossover_monitor.errors import BackendUnavailable
+from crossover_monitor.measure.contract import BackendOptions
+from crossover_monitor.measure.registry import load_backend
 
 OPTIONS = BackendOptions(cpu_threads=1, tf32=False)
 
@@ -26,7 +26,7 @@ def test_a_builtin_backend_that_cannot_be_imported_names_what_to_install(
 ) -> None:
     """Each framework's own install line (there is no 'crossover-monitor[tensorflow]' extra: it is a dependency)."""
     monkeypatch.setitem(
-        sys.modules, f"crossover_monitor.bench.{name}_backend", None
+        sys.modules, f"crossover_monitor.measure.backends.{name}_backend", None
     )  # import fails, as without the framework
     with pytest.raises(BackendUnavailable) as raised:
         load_backend(name, OPTIONS)

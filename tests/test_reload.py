@@ -42,8 +42,8 @@ def _reload(service: RunningService, config: str, reloads: int) -> Samples:
 
     def done() -> int:
         logs = service.logs()
-        return logs.count("crossover_monitor.daemon: configuration reloaded") + logs.count(
-            "crossover_monitor.daemon: reload refused"
+        return logs.count("crossover_monitor.service.daemon: configuration reloaded") + logs.count(
+            "crossover_monitor.service.daemon: reload refused"
         )
 
     service.wait_for(lambda: done() >= reloads, 10, f"reload {reloads} to be logged")
@@ -148,7 +148,7 @@ def test_a_burst_of_signals_is_coalesced_and_sigterm_still_stops_it(service: Run
     )
     assert int(sender.stdout) >= 2000
     time.sleep(2)  # the storm's own reloads or sweeps (coalesced, each logged) are done
-    done = service.logs().count("crossover_monitor.daemon: configuration reloaded")
+    done = service.logs().count("crossover_monitor.service.daemon: configuration reloaded")
     samples = _reload(service, fake_config().replace("[16, 32, 64, 128]", "[16, 32]"), done + 1)
     assert _sizes(samples) == {"16", "32"}
     assert service.get("/healthz")[0] == 200
@@ -156,7 +156,7 @@ def test_a_burst_of_signals_is_coalesced_and_sigterm_still_stops_it(service: Run
     service.process.send_signal(signal.SIGTERM)
     service.process.wait(timeout=10)
     assert time.monotonic() - began < 10
-    assert "crossover_monitor.daemon: stopping" in service.logs()
+    assert "crossover_monitor.service.daemon: stopping" in service.logs()
 
 
 def test_sigterm_in_a_sighup_storm_exits_0(service: RunningService) -> None:
@@ -178,7 +178,7 @@ def test_sigterm_in_a_sighup_storm_exits_0(service: RunningService) -> None:
         assert service.process.wait(timeout=15) == 0
     finally:
         sender.wait(timeout=15)
-    assert "crossover_monitor.daemon: stopped" in service.logs()
+    assert "crossover_monitor.service.daemon: stopped" in service.logs()
 
 
 def test_simultaneous_sweep_requests_get_one_yes_per_sweep(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from crossover_monitor.daemon import Service
+from crossover_monitor.config.settings import BenchmarkSettings, ServerSettings, Settings
 from crossover_monitor.errors import ConfigError, Problem
-from crossover_monitor.settings import BenchmarkSettings, ServerSettings, Settings
+from crossover_monitor.service.daemon import Service
 from tests.conftest import free_port
 from tests.guardfakes import IDLE, FakeSampler, ThreadWorker, fake_guard
 from tests.service import http_get, parse, wait_until
@@ -126,7 +126,7 @@ def test_a_manual_sweep_refuses_others_until_it_has_ended() -> None:
 def test_the_next_sweep_time_is_served_state_and_a_reload_moves_it() -> None:
     """The schedule's next sweep is in the state the server reads (and /metrics shows): an hour after the
     first sweep began; a reload to every two hours moves it, and the next scrape shows the new time."""
-    from crossover_monitor.config import settings_from_mapping  # noqa: PLC0415
+    from crossover_monitor.config.loader import settings_from_mapping  # noqa: PLC0415
 
     def settings(interval: str) -> Settings:
         return settings_from_mapping(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from crossover_monitor.model import CrossoverState, PointKey, Withheld, WithheldReason
-from crossover_monitor.report import render_json
+from crossover_monitor.view.report import render_json
 from tests.conftest import REPO, tool
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.bench.guard import host_share_at
-from crossover_monitor.bench.rule import past_idle_range
+from crossover_monitor.config.settings import GuardSettings
+from crossover_monitor.measure.guard.guard import host_share_at
+from crossover_monitor.measure.guard.rule import past_idle_range
 from crossover_monitor.model import CrossoverState, ServiceState, SweepOutcome, WithheldReason
-from crossover_monitor.settings import GuardSettings
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.state import StateStore
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -17,7 +17,7 @@ from crossover_monitor.model import (
     WithheldReason,
 )
 from crossover_monitor.protocol import Started
-from crossover_monitor.report import Progress, read_json, render_json, render_table
+from crossover_monitor.view.report import Progress, read_json, render_json, render_table
 from tests.builders import measurement, point_key, snapshot
 from tests.conftest import make_plan
 

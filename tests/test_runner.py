@@ -9,12 +9,13 @@ import os
 import statistics
 import time
 
-from crossover_monitor.bench.contract import BackendOptions, RunBlock
-from crossover_monitor.bench.hostinfo import affinity_text
-from crossover_monitor.bench.runner import between, run_plan
-from crossover_monitor.costs import cost_models
-from crossover_monitor.crossover import SpeedupPoint, crossovers, last_crossing, speedup_point
+from crossover_monitor.analysis.costs import cost_models
+from crossover_monitor.analysis.crossover import SpeedupPoint, crossovers, last_crossing, speedup_point
+from crossover_monitor.config.settings import RefineSettings
 from crossover_monitor.errors import MeasurementFailed
+from crossover_monitor.measure.contract import BackendOptions, RunBlock
+from crossover_monitor.measure.guard.hostinfo import affinity_text
+from crossover_monitor.measure.runner import between, run_plan
 from crossover_monitor.model import (
     CPU_AFFINITY,
     DRIVER_VERSION,
@@ -27,7 +28,6 @@ from crossover_monitor.model import (
     Role,
 )
 from crossover_monitor.protocol import Environment, Message, Plan
-from crossover_monitor.settings import RefineSettings
 from tests.builders import measurement
 from tests.conftest import make_plan, with_bench
 from tests.fakes import CurveBackend, VirtualClock, VirtualCurveBackend, VisitNoiseBackend

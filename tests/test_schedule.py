@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from crossover_monitor.schedule import SweepScheduler, cron_problem, cron_trigger
+from crossover_monitor.service.schedule import SweepScheduler, cron_problem, cron_trigger
 from tests.fakes import SteppedClock
 from tests.service import wait_until
 

@@ -15,11 +15,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossover_monitor.config import settings_from_mapping
-from crossover_monitor.convert import MAX_SIZES
-from crossover_monitor.errors import ConfigError
-from crossover_monitor.schema import config_schema, render
-from crossover_monitor.settings import (
+from crossover_monitor.config.convert import MAX_SIZES
+from crossover_monitor.config.loader import settings_from_mapping
+from crossover_monitor.config.schema import config_schema, render
+from crossover_monitor.config.settings import (
     BenchmarkSettings,
     GuardSettings,
     RefineSettings,
@@ -28,6 +27,7 @@ from crossover_monitor.settings import (
     TimingSettings,
     yaml_key,
 )
+from crossover_monitor.errors import ConfigError
 from tests.conftest import REPO
 
 SHIPPED = REPO / "deploy" / "config.schema.json"

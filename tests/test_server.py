@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.httpserver import Request
+from crossover_monitor.http.httpserver import Request
+from crossover_monitor.http.server import Lifecycle, _MetricsCache
 from crossover_monitor.metrics import Profile, render_state
 from crossover_monitor.model import ServiceState, SweepOutcome, SweepResult
-from crossover_monitor.server import Lifecycle, _MetricsCache
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.state import StateStore
 from tests.browser import browse
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import RunningService, fake_config, http_get, parse, started_server

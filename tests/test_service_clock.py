@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.history import read_recent
+from crossover_monitor.service.history import read_recent
 from crossover_monitor.text import utc_text
 from tests.service import RunningService, Samples, fake_config
 

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from crossover_monitor.config import settings_from_mapping
-from crossover_monitor.convert import MAX_SIZES
-from crossover_monitor.errors import ConfigError
-from crossover_monitor.settings import (
+from crossover_monitor.config.convert import MAX_SIZES
+from crossover_monitor.config.loader import settings_from_mapping
+from crossover_monitor.config.settings import (
     BenchmarkSettings,
     HistorySettings,
     ScheduleSettings,
@@ -18,6 +17,7 @@ from crossover_monitor.settings import (
     TimingSettings,
     sections,
 )
+from crossover_monitor.errors import ConfigError
 
 # (the document, the same values built in code, the section the code's message is relative to)
 SAME_RULE: list[tuple[dict[str, Any], Callable[[], object], str]] = [

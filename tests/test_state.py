@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor import history as history_module
-from crossover_monitor.bench.rule import host_allowance
-from crossover_monitor.history import FILE_NAME, RunHistory
+from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings, Settings
+from crossover_monitor.measure.guard.rule import host_allowance
 from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
@@ -27,8 +26,9 @@ from crossover_monitor.model import (
     WithheldReason,
     others_gate,
 )
-from crossover_monitor.settings import BenchmarkSettings, GuardSettings, Settings
-from crossover_monitor.state import HOST_REFERENCES_KEPT, POINT_MEDIANS_KEPT, StateStore
+from crossover_monitor.service import history as history_module
+from crossover_monitor.service.history import FILE_NAME, RunHistory
+from crossover_monitor.service.state import HOST_REFERENCES_KEPT, POINT_MEDIANS_KEPT, StateStore
 from tests.builders import measurement, point_key, snapshot
 from tests.guardfakes import IDLE, sweep_with
 from tests.service import wait_until

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 
 import pytest
 
-from crossover_monitor import svgchart
-from crossover_monitor.chart import MAX_CURVES, Chart, PlotError, from_snapshot
 from crossover_monitor.model import CrossoverState, DeviceInfo, Mode
 from crossover_monitor.text import printable
+from crossover_monitor.view import svgchart
+from crossover_monitor.view.chart import MAX_CURVES, Chart, PlotError, from_snapshot
 from tests import builders
 from tests.fakes import CPU, GPU, cpu_seconds, gpu_seconds
 

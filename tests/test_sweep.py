@@ -14,7 +14,7 @@ import pytest
 
 from crossover_monitor.model import CrossoverState, Snapshot, SweepResult
 from crossover_monitor.protocol import Plan
-from crossover_monitor.sweep import MESSAGE_CHARS, SubprocessWorker, Worker, bounded_lines, run_sweep
+from crossover_monitor.service.sweep import MESSAGE_CHARS, SubprocessWorker, Worker, bounded_lines, run_sweep
 from tests.conftest import make_plan, with_bench
 
 

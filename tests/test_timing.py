@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crossover_monitor.bench.timing import MIN_BLOCKS_ON_BUDGET, calibrate, measure, median_and_iqr, with_visit
+from crossover_monitor.config.settings import TimingSettings
+from crossover_monitor.measure.timing import MIN_BLOCKS_ON_BUDGET, calibrate, measure, median_and_iqr, with_visit
 from crossover_monitor.model import StopReason, Timing
-from crossover_monitor.settings import TimingSettings
 
 
 class FakeDevice:

@@ -22,10 +22,10 @@ import bcrypt
 import pytest
 
 from crossover_monitor.errors import ConfigError
-from crossover_monitor.httpserver import HttpLimits, HttpServer, Response
+from crossover_monitor.http.httpserver import HttpLimits, HttpServer, Response
+from crossover_monitor.http.server import Lifecycle, MetricsServer
+from crossover_monitor.http.webconfig import WebGate, parse
 from crossover_monitor.model import ServiceState
-from crossover_monitor.server import Lifecycle, MetricsServer
-from crossover_monitor.webconfig import WebGate, parse
 from tests.conftest import REPO, tool
 from tests.service import RunningService, fake_config, http_get, started_server
 from tests.test_deploy_container import run_healthcheck
@@ -380,7 +380,7 @@ def test_a_valid_scraper_is_served_through_a_flood_of_wrong_passwords(
 
     attackers = [threading.Thread(target=attack, args=(i,)) for i in range(8)]
     try:
-        with caplog.at_level(logging.WARNING, logger="crossover_monitor.webconfig"):
+        with caplog.at_level(logging.WARNING, logger="crossover_monitor.http.webconfig"):
             for thread in attackers:
                 thread.start()
             time.sleep(1)
@@ -651,7 +651,7 @@ def test_a_reload_with_a_hash_it_cannot_check_keeps_the_running_users(
     for bad in (good[:59], _shaped(31)):
         caplog.clear()
         config.write_text(f'basic_auth_users: {{ops: "{bad}"}}\n')
-        with caplog.at_level(logging.ERROR, logger="crossover_monitor.webconfig"):
+        with caplog.at_level(logging.ERROR, logger="crossover_monitor.http.webconfig"):
             _within(5, gate.refresh)
         assert "the running configuration stays" in caplog.text
         assert "basic_auth_users.ops" in caplog.text

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from crossover_monitor.config import settings_from_mapping
-from crossover_monitor.coordinator import SweepCoordinator
+from crossover_monitor.config.loader import settings_from_mapping
 from crossover_monitor.metrics import parse_exposition, render_state
 from crossover_monitor.model import (
     WORKER_CPU_SECONDS,
@@ -28,7 +27,8 @@ from crossover_monitor.model import (
     retry_devices,
 )
 from crossover_monitor.protocol import Plan
-from crossover_monitor.state import StateStore
+from crossover_monitor.service.coordinator import SweepCoordinator
+from crossover_monitor.service.state import StateStore
 from tests.builders import snapshot
 from tests.guardfakes import IDLE, FakeHost, FakeSampler, ThreadWorker, fake_guard, until_a_retry_measures
 from tests.service import RunningService, find
@@ -104,7 +104,7 @@ def test_retries_stop_once_another_would_cost_more_worker_cpu_than_a_sweep(caplo
     """The retries since a sweep stay within the worker CPU time of the latest sweep that measured, each expected to
     cost what the run before it did; a new sweep starts a new allowance. Until a sweep has measured, the schedule
     alone bounds them."""
-    caplog.set_level(logging.INFO, logger="crossover_monitor.coordinator")
+    caplog.set_level(logging.INFO, logger="crossover_monitor.service.coordinator")
     with _coordinator() as coordinator:
         coordinator._record(_outcome(SweepResult.WITHHELD, 4.0, withheld=True), retry=False)
         assert coordinator._retry_affordable()  # nothing measured yet: no sweep's cost to hold them to

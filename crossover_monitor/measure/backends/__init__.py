@@ -1,0 +1,1 @@
+"""One module a framework (TensorFlow, PyTorch, JAX), each the only importer of it."""
