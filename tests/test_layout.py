@@ -117,3 +117,15 @@ def test_plugin_backends_of_earlier_releases_import_the_same_modules_by_their_ol
     namespace: dict[str, object] = {}
     exec(f"from crossover_monitor.bench.{old} import *", namespace)  # noqa: S102 - the import a plugin writes
     assert len(namespace) > 1
+
+
+def test_no_function_in_the_package_is_over_sixty_lines() -> None:
+    """A function a reader cannot hold in view is split where its steps are (issue 53's bound)."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.name} ({lines} lines)")
+    assert long == []

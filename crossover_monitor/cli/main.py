@@ -70,6 +70,9 @@ def _shared_options() -> argparse.ArgumentParser:
 _SHARED_DEFAULTS = {"log_format": "text", "log_level": "info"}
 
 
+Command = Callable[[str, str], argparse.ArgumentParser]
+
+
 def _parser() -> argparse.ArgumentParser:
     shared = _shared_options()
     parser = argparse.ArgumentParser(
@@ -83,11 +86,35 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return commands.add_parser(name, help=help_text, parents=[shared])
 
-    def config_option(command: argparse.ArgumentParser, help_text: str) -> None:
-        command.add_argument("--config", "--config.file", dest="config", metavar="FILE", help=help_text)
+    _run_command(command)
+    once = command("once", "run one sweep, print the results and exit")
+    _config_option(once, "YAML configuration (default: the embedded defaults)")
+    once.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    check = command("check-config", "validate a configuration file and exit")
+    check.add_argument("file", metavar="FILE", nargs="?", help="the file (or give it with --config)")
+    _config_option(check, "the file, as the other commands take it")
+    command("config-schema", "print the configuration's JSON Schema (for editors) and exit")
+    federation = command(
+        "check-federation", "check what a fleet's global Prometheus federates (its match[] selectors) and exit"
+    )
+    federation.add_argument("file", metavar="FILE", type=Path, help="the global Prometheus's configuration")
+    history = command("history", "print the recent runs from the run history and exit")
+    _config_option(history, "the service's configuration (for history.directory)")
+    history.add_argument("--directory", metavar="DIR", type=Path, help="the history's directory (overrides the config)")
+    history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
+    history.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _node_check_command(command)
+    _plot_command(command)
+    return parser
 
+
+def _config_option(command: argparse.ArgumentParser, help_text: str) -> None:
+    command.add_argument("--config", "--config.file", dest="config", metavar="FILE", help=help_text)
+
+
+def _run_command(command: Command) -> None:
     run = command("run", "run the service: sweep on a schedule and serve /metrics")
-    config_option(run, "YAML configuration (default: the embedded defaults)")
+    _config_option(run, "YAML configuration (default: the embedded defaults)")
     run.add_argument(
         "--web.listen-address",
         "--listen",
@@ -109,25 +136,8 @@ def _parser() -> argparse.ArgumentParser:
         help="serve POST /-/reload and POST /-/sweep (behind basic auth when the web config sets users)",
     )
 
-    once = command("once", "run one sweep, print the results and exit")
-    config_option(once, "YAML configuration (default: the embedded defaults)")
-    once.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
-    check = command("check-config", "validate a configuration file and exit")
-    check.add_argument("file", metavar="FILE", nargs="?", help="the file (or give it with --config)")
-    config_option(check, "the file, as the other commands take it")
-    command("config-schema", "print the configuration's JSON Schema (for editors) and exit")
-    federation = command(
-        "check-federation", "check what a fleet's global Prometheus federates (its match[] selectors) and exit"
-    )
-    federation.add_argument("file", metavar="FILE", type=Path, help="the global Prometheus's configuration")
-
-    history = command("history", "print the recent runs from the run history and exit")
-    config_option(history, "the service's configuration (for history.directory)")
-    history.add_argument("--directory", metavar="DIR", type=Path, help="the history's directory (overrides the config)")
-    history.add_argument("--limit", metavar="N", type=int, default=20, help="how many runs, newest first (default 20)")
-    history.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
+def _node_check_command(command: Command) -> None:
     node = command("node-check", "answer as a node-problem-detector plugin from the running service (exit 0/1/2)")
     node.add_argument(
         "--url",
@@ -158,6 +168,8 @@ def _parser() -> argparse.ArgumentParser:
         "schedules slower than 45m)",
     )
 
+
+def _plot_command(command: Command) -> None:
     plot = command("plot", "chart the latest sweep, time against size (.svg; .png needs the plot extra)")
     source = plot.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-json", metavar="FILE", type=Path, help="the output of `once --json`")
@@ -166,7 +178,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     chart_help = f"the chart to write: .svg, or .png with matplotlib ({PLOT_EXTRA_HINT})"
     plot.add_argument("output", metavar="OUTPUT", type=Path, help=chart_help)
-    return parser
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:

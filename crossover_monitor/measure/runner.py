@@ -227,52 +227,11 @@ class _Session:
     def _guarded(
         self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
     ) -> Timing | None:
-        """Time one point under the interference guard; None (and the device withheld) if it was disturbed;
-        raises ``_PointSetAside`` where only this point was moved (the host ran slower while it was timed)."""
-        if device.kind == "gpu":
-            # Looked at before anything is allocated on it: a busy GPU gets no operands either.
-            verdict = self.guard.before_gpu_point(device)
-            timing = None
-            if verdict is None:
-                run = self.backend.prepare(device, size, dtype, mode)
-                timings: list[Timing] = []
-                fixed_key = self.key(device, 1, dtype, mode)
-                fixed = self.timings.get(fixed_key) or self.set_aside.get(fixed_key)
-                share_at = _host_share_at(device, size, mode, fixed)
-
-                def host_share() -> float:
-                    """The reference's judgement takes all of a point whose share is not known as the host's."""
-                    share = share_at(timings[-1].median_s) if timings else None
-                    return 1.0 if share is None else share
-
-                waited = self.guard.time_gpu_point(
-                    device,
-                    lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
-                    host_share,
-                    self._judged(device, size, dtype, mode, timings, share_at=share_at, revisit=calls is not None),
-                )
-                timing = timings[-1]
-                # A job that arrived meanwhile outranks a host that was busy: it stops the sweep (below).
-                verdict = self.guard.after_gpu_point(device) or waited
-        else:
-            run = self.backend.prepare(device, size, dtype, mode)
-            timings = []
-            threads = int(dict(device.details).get("threads", "0")) or 1
-            verdict = self.guard.time_cpu_point(
-                device,
-                threads,
-                lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
-                self._judged(
-                    device,
-                    size,
-                    dtype,
-                    mode,
-                    timings,
-                    share_at=_host_share_at(device, size, mode, None),
-                    revisit=calls is not None,
-                ),
-            )
-            timing = timings[-1]
+        """Time one point under the interference guard and do what the rule says of its verdict: None (and the device
+        withheld, or the sweep stopped) if it was disturbed; raises ``_PointSetAside`` where only this point was moved
+        (the host ran slower while it was timed)."""
+        timed = self._timed_gpu if device.kind == "gpu" else self._timed_cpu
+        verdict, timing = timed(device, size, dtype, mode, settings=settings, calls=calls)
         # Busy after a point of it was measured clean in this sweep: a job arrived while the sweep ran. (Busy at its
         # first point is a job that was there first, or one the guard could only see once the worker's own context
         # joined it in a separate PID namespace: no reason to stop.)
@@ -295,6 +254,49 @@ class _Session:
             else:
                 self.others[where] = max(others, self.others.get(where, 0.0))
         return timing
+
+    def _timed_gpu(
+        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
+    ) -> tuple[Withheld | None, Timing | None]:
+        """A GPU point under the guard: looked at before anything is allocated on it (a busy GPU gets no operands
+        either), timed, looked at again; the verdict and its timing (None where it was not timed)."""
+        verdict = self.guard.before_gpu_point(device)
+        if verdict is not None:
+            return verdict, None
+        run = self.backend.prepare(device, size, dtype, mode)
+        timings: list[Timing] = []
+        fixed_key = self.key(device, 1, dtype, mode)
+        share_at = _host_share_at(device, size, mode, self.timings.get(fixed_key) or self.set_aside.get(fixed_key))
+
+        def host_share() -> float:
+            """The reference's judgement takes all of a point whose share is not known as the host's."""
+            share = share_at(timings[-1].median_s) if timings else None
+            return 1.0 if share is None else share
+
+        waited = self.guard.time_gpu_point(
+            device,
+            lambda: timings.append(measure(run, settings, self.clock, calls=calls)),
+            host_share,
+            self._judged(device, size, dtype, mode, timings, share_at=share_at, revisit=calls is not None),
+        )
+        # A job that arrived meanwhile outranks a host that was busy: it stops the sweep.
+        return self.guard.after_gpu_point(device) or waited, timings[-1]
+
+    def _timed_cpu(
+        self, device: DeviceInfo, size: int, dtype: str, mode: Mode, *, settings: TimingSettings, calls: int | None
+    ) -> tuple[Withheld | None, Timing | None]:
+        """A CPU point under the guard: the verdict and its timing."""
+        run = self.backend.prepare(device, size, dtype, mode)
+        timings: list[Timing] = []
+        threads = int(dict(device.details).get("threads", "0")) or 1
+        share_at = _host_share_at(device, size, mode, None)
+        verdict = self.guard.time_cpu_point(
+            device,
+            threads,
+            lambda watch: timings.append(measure(run, settings, self.clock, calls=calls, watch=watch)),
+            self._judged(device, size, dtype, mode, timings, share_at=share_at, revisit=calls is not None),
+        )
+        return verdict, timings[-1]
 
     def _judged(
         self,

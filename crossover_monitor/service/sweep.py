@@ -397,17 +397,23 @@ def run_sweep(
         return SweepOutcome(result=result, started_at=started, finished_at=finished, reason=reason)
     if worker.exit_status(KILL_GRACE_S) is None:
         worker.stop()
-    # A device that failed part-way through keeps none of its points: a truncated curve would
-    # give a made-up crossover state, and its series must disappear (its up gauge says 0). A device
-    # withheld as busy or disturbed keeps none either: no figure is published from a disturbed point. A
-    # point withheld alone was never sent; the crossovers it could have moved are withheld.
+    started, finished = run_ends(began, clock=clock, monotonic=monotonic)
+    return _completed(plan, collected, started, finished)
+
+
+def _completed(plan: Plan, collected: _Collected, started: float, finished: float) -> SweepOutcome:
+    """The outcome of a sweep whose worker completed: what it timed, less what may not be published.
+
+    A device that failed part-way through keeps none of its points: a truncated curve would give a made-up
+    crossover state, and its series must disappear (its up gauge says 0). A device withheld as busy or disturbed
+    keeps none either: no figure is published from a disturbed point. A point withheld alone was never sent; the
+    crossovers it could have moved are withheld."""
     device_failures = [f for f in collected.failures if f.whole_device]
     left_out = failed_devices(collected.failures) | {w.device for w in collected.withheld if w.whole_device}
     measurements = [m for m in collected.measurements if m.key.device not in left_out]
     # A device withheld or failed whole after some of its points were withheld alone is said once, whole.
     withheld = [w for w in collected.withheld if w.whole_device or w.device not in left_out]
     set_aside = [w.point for w in withheld if w.point is not None and w.point.size in plan.bench.sizes]
-    started, finished = run_ends(began, clock=clock, monotonic=monotonic)
     withheld_pairs = _withheld_crossovers(plan, collected)
     # A pair with a device withheld whole is withheld once, whatever the other device's gaps say.
     covered = {c.key for c in withheld_pairs}
