@@ -18,6 +18,7 @@ PAGES = [
     REPO / "README.md",
     *sorted((REPO / "docs").glob("*.md")),
     REPO / "benchmarks" / "README.md",
+    *sorted((REPO / "benchmarks" / "journal").glob("*.md")),
     REPO / "CHANGELOG.md",
 ]
 _FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1", re.MULTILINE | re.DOTALL)
