@@ -86,25 +86,16 @@ class HostReference:
         sweeps (each sweep is its own process, and on a VM a fresh process can run its host side 10-30%
         slower or faster).
 
-        A slowed host only ever reads slower, so both come from the lower half of the medians. The median of
-        them let slowed sweeps raise the figure: on an H100 (2026-12-06) four sweeps beside co-tenants and two
-        the host slowed itself, of nine, took it from 0.38 to 0.51 ms, and points a 1-thread BLAS job moved
-        1.5-1.7x were judged against it and published. The first quartile that replaced it still followed a
-        host slow for most of a stretch: an H200 (2026-12-06) read 0.45 ms in two sweeps of nine and 0.59-0.69
-        in the others, the figure rose to 0.59 ms, and an idle sweep 1.43x slower than the fast ones published
-        a compute n* of 175 against 133-134 (replayed: false drift alerts in 7 of 10 months). The lower decile
-        lets a lasting change in once nine sweeps in ten read it (about a day at the default schedule).
-        From two sweeps on, as from many: the median of a young service's first sweeps sat between the two states
-        of a host that slows by itself (an H100, 2026-12-07: 0.45 and 0.65 ms gave 0.55, and the third sweep,
-        at 0.63 ms, published points up to 1.8x the fast sweeps' as normal). Of three or fewer the lower half is
-        one sweep, so the spread is theirs within only: the slow ones would widen it.
+        Why the lower decile: a slowed host only ever reads slower, so the figure must not follow sweeps the host
+        or a neighbour slowed. The median, and then the first quartile, did follow a host slow for most of a
+        stretch, and points slowed 1.4-1.8x were then judged against it and published; the lower decile lets a
+        lasting change in once nine sweeps in ten read it (about a day at the default schedule). From two sweeps
+        on, as from many: the median of a young service's first sweeps sat between the two states of a host that
+        slows by itself. Of three or fewer the lower half is one sweep, so the spread is theirs within only.
         The spread between sweeps is read from the lower half too, against the figure (the first quartile less
         the figure, and twice median less first quartile): slowed sweeps in the upper half would widen the
-        allowance until slowed points pass (10% grew to 26% on an H100, 2026-12-06). On a host whose sweeps
-        differ by a few percent between processes it is about twice the distance from the figure to a typical
-        sweep, which keeps typical sweeps inside the allowance; one sweep that read fast among five to seven
-        is the fast state of a host that slows, or a process that ran fast, and the allowance (at most 25%)
-        takes sweeps up to 1.25x of it."""
+        allowance until slowed points pass. The measurements behind each step: benchmarks/README.md's index
+        ("HostReference.of")."""
         if not kept:
             return None
         medians = [r.median_s for r in kept]
@@ -131,8 +122,8 @@ def others_gate(usual_others: float, gate: float) -> float:
     (``guard.range_others_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
     others use the gate or more in nine sweeps of ten (``ServiceState.usual_others``), that usual load plus the gate
     (a step: at a usual load of just the gate, the gate doubles). Not the usual load plus the gate everywhere: on a
-    quiet node whose others read 0.28-0.52 cores, the steal sweep of 2026-12-04 (0.82 cores, its host-bound points
-    1.07-2.45x) would have counted calm. A gate of 0 stays 0 (beside others always)."""
+    quiet node whose others read 0.28-0.52 cores, a sweep with 0.82 cores of the hypervisor's steal (its host-bound
+    points 1.07-2.45x) would have counted calm. A gate of 0 stays 0 (beside others always)."""
     return gate if gate <= 0 or usual_others < gate else usual_others + gate
 
 

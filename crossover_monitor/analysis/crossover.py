@@ -58,7 +58,7 @@ _YOUNG_MOVE = math.log(1.3)
 # estimate has its own error, so the difference of two has sqrt(2) times the spread of one.
 _NEXT_SWEEP_WIDENING = math.sqrt(2)
 # A size missing from a curve is taken to have the lead its neighbours share only where they lead by more
-# than this (log speed-up: 1.35x). In 256 recorded sweeps (benchmarks/crossover_gaps.py, 2026-12-07), of 1783
+# than this (log speed-up: 1.35x). In 256 recorded sweeps (benchmarks/crossover_gaps.py), of 1783
 # sizes between two neighbours that shared a lead, 19 led the other way, each beside a neighbour leading by at
 # most 1.26x (none of 1211 where both led by more than 1.35x); an H100's GPU points at 432 and 512 withheld
 # between end_to_end wins of 1.04x (360) and 1.07x (728) had left n* = 344 published where the curves crossed

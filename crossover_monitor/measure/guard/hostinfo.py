@@ -68,7 +68,7 @@ def default_cpu_threads(root: Path = CGROUP_ROOT) -> int:
 
     With a thread on every core, one core that another process keeps busy stalls every parallel call
     by a scheduler slice (8 ms per call at any size with 16 threads on 16 vCPUs; 15 threads were
-    unaffected, benchmarks/results/cpu-gap-h200-2026-12-01.log). On two or three cores one is too much
+    unaffected, benchmarks/results/cpu-gap-h200-*.log). On two or three cores one is too much
     to give away: there the guard withholds a disturbed point instead.
     """
     cores = usable_cpus(root)
