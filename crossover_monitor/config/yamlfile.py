@@ -44,7 +44,7 @@ def read_document(path: str | Path, *, what: str = "a configuration") -> Any:
     try:
         _refuse_what_could_exhaust_the_loader(text)
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader (CSafeLoader or SafeLoader)
-    except (ValueError, OverflowError) as exc:  # from the constructor: 2024-02-30, an int of 5000 digits
+    except (ValueError, OverflowError) as exc:  # from the constructor: a date of February 30, an int of 5000 digits
         raise YamlFileError(f"not a valid YAML value: {brief(str(exc))}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
