@@ -1,0 +1,185 @@
+"""What a sweep costs the node, point by point (issue 54): the real worker's CPU time, wall time and peak memory, and
+the floor beside it (a bare process that imports the framework and multiplies the largest size once per device).
+
+Each sweep is the real one (``run_sweep`` with the configuration given, its worker a fresh ``python -m
+crossover_monitor.measure.worker``); a thread reads the worker's CPU time from ``/proc/PID/stat`` every 20 ms and
+hands each interval to the point the worker said it was timing (its ``Started`` messages): the worker's start (the
+framework's import, device discovery) before the first point, then each point's visits, the refinement's included.
+Printed per sweep: worker CPU-s, wall s, peak RSS, and the points that cost the most; the results JSON keeps every
+point's CPU-s and wall-s per sweep, and the floor.
+
+    python benchmarks/sweep_cost.py --backend torch --sweeps 3 --out benchmarks/results/sweep-cost-DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from crossover_monitor.config.loader import load_settings
+from crossover_monitor.model import SweepOutcome
+from crossover_monitor.protocol import Message, Plan, Started
+from crossover_monitor.service.sweep import SubprocessWorker, run_sweep
+
+TICK_S = os.sysconf("SC_CLK_TCK")
+START = "worker start"
+
+FLOOR = """
+import resource, sys, time
+backend, size = sys.argv[1], int(sys.argv[2])
+began = time.process_time()
+if backend == "torch":
+    import torch
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    for device in devices:
+        a = torch.ones(size, size, device=device); (a @ a).sum().item()
+elif backend == "tensorflow":
+    import tensorflow as tf
+    for device in ["/CPU:0"] + [d.name.replace("/physical_device:", "/") for d in tf.config.list_physical_devices("GPU")]:
+        with tf.device(device):
+            a = tf.ones((size, size)); float(tf.reduce_sum(a @ a))
+else:
+    import jax, jax.numpy as jnp
+    for device in jax.devices("cpu") + [d for d in jax.devices() if d.platform == "gpu"]:
+        a = jax.device_put(jnp.ones((size, size)), device); float((a @ a).sum())
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(usage.ru_maxrss * 1024, time.process_time() - began)
+"""
+
+
+def _cpu_s(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / TICK_S  # utime stime cu cs
+
+
+@dataclasses.dataclass
+class Meter:
+    """The worker's CPU time, read every 20 ms, charged to the point it last said it was timing."""
+
+    pid: int = 0
+    current: str = START
+    cpu: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    wall: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    last_cpu: float = 0.0
+    last_at: float = 0.0
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def watch(self) -> None:
+        self.last_at = time.monotonic()
+        while not self.stop.wait(0.02):
+            self.read()
+
+    def read(self) -> None:
+        now_cpu = _cpu_s(self.pid)
+        now = time.monotonic()
+        if now_cpu is not None:
+            self.cpu[self.current] += max(0.0, now_cpu - self.last_cpu)
+            self.last_cpu = now_cpu
+        self.wall[self.current] += now - self.last_at
+        self.last_at = now
+
+    def on_message(self, message: Message) -> None:
+        if isinstance(message, Started):
+            self.read()
+            k = message.key
+            self.current = f"{k.device} {k.mode} {k.size}"
+
+
+def one_sweep(plan: Plan, timeout_s: float) -> tuple[SweepOutcome, Meter]:
+    meter = Meter()
+
+    def launch(p: Plan) -> SubprocessWorker:
+        worker = SubprocessWorker(p)
+        meter.pid = worker.pid
+        threading.Thread(target=meter.watch, daemon=True).start()
+        return worker
+
+    outcome = run_sweep(plan, timeout_s=timeout_s, cancel=threading.Event(), launch=launch, on_message=meter.on_message)
+    meter.stop.set()
+    return outcome, meter
+
+
+def floor(backend: str, size: int) -> dict[str, float]:
+    """A bare process: import the framework, one product of the largest size on each device."""
+    done = subprocess.run([sys.executable, "-c", FLOOR, backend, str(size)], capture_output=True, text=True, check=True)
+    rss, cpu = done.stdout.split()
+    return {"peak_rss_bytes": float(rss), "cpu_s": float(cpu)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default="tensorflow")
+    parser.add_argument("--config", help="YAML configuration (default: the embedded defaults)")
+    parser.add_argument("--sweeps", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    settings = load_settings(args.config)
+    bench = dataclasses.replace(settings.benchmark, backend=args.backend)
+    plan = Plan(bench=bench, guard=settings.guard)
+    sweeps: list[dict[str, Any]] = []
+    for index in range(args.sweeps):
+        outcome, meter = one_sweep(plan, bench.timeout_s)
+        snapshot = outcome.snapshot
+        env = dict(snapshot.environment) if snapshot is not None else {}
+        row: dict[str, Any] = {
+            "result": outcome.result.value,
+            "reason": outcome.reason,
+            "wall_s": round(outcome.finished_at - outcome.started_at, 2),
+            "worker_cpu_s_reported": float(env.get("worker_cpu_s", "nan")),
+            "worker_peak_rss_bytes": float(env.get("worker_peak_rss_bytes", "nan")),
+            "worker_cpu_s_metered": round(sum(meter.cpu.values()), 2),
+            "points": {k: {"cpu_s": round(meter.cpu[k], 3), "wall_s": round(meter.wall[k], 3)} for k in meter.cpu},
+            "crossovers": [
+                {"mode": c.mode, "state": c.state.value, "size": c.size}
+                for c in (snapshot.crossovers if snapshot else ())
+            ],
+            "withheld": [w.subject for w in (snapshot.withheld if snapshot else ())],
+        }
+        sweeps.append(row)
+        top = sorted(row["points"].items(), key=lambda kv: -kv[1]["cpu_s"])[:6]
+        print(
+            f"sweep {index}: {row['result']}, {row['wall_s']} s, worker {row['worker_cpu_s_reported']:.0f} CPU-s "
+            f"(metered {row['worker_cpu_s_metered']:.0f}), peak RSS {row['worker_peak_rss_bytes'] / 2**20:.0f} MiB; "
+            + ", ".join(f"{k} {v['cpu_s']:.1f}" for k, v in top),
+            flush=True,
+        )
+    bare = floor(args.backend, max(bench.sizes))
+    print(f"floor: {bare['peak_rss_bytes'] / 2**20:.0f} MiB, {bare['cpu_s']:.1f} CPU-s", flush=True)
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "tool": "benchmarks/sweep_cost.py",
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+                    "backend": args.backend,
+                    "sizes": list(bench.sizes),
+                    "cpu_threads": bench.cpu_threads,
+                    "sweeps": sweeps,
+                    "floor": bare,
+                    "this_process_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+
+
+if __name__ == "__main__":
+    main()
