@@ -64,8 +64,8 @@ sys.path.insert(0, str(REPO))
 import replay  # noqa: E402 - the recorded sweeps' reader (benchmarks/ is the script's own folder)
 
 from crossover_monitor import metrics  # noqa: E402
+from crossover_monitor.analysis.ranges import OTHERS_SWEEPS_TO_JUDGE  # noqa: E402
 from crossover_monitor.model import (  # noqa: E402
-    OTHERS_SWEEPS_TO_JUDGE,
     WORKER_CPU_SECONDS,
     WORKER_PEAK_RSS_BYTES,
     CostModel,

@@ -1,7 +1,7 @@
 """Each point's own idle range replayed over recorded shared_node.py runs: what the guard would have withheld.
 
 While other programs use at least ``guard.range_others_cores`` of the host (the gate alone: the recorded runs
-are of quiet nodes, whose usual load is below it; ``model.others_gate``), the guard holds a host-bound
+are of quiet nodes, whose usual load is below it; ``ranges.others_gate``), the guard holds a host-bound
 point against the top of its idle range (its medians in recent calm sweeps, ``PointMedians.top``), widened by
 ``guard.range_max_slowdown``. This replays that rule over the cotenants phase of recorded runs, in the order the
 sweeps ran, as the service keeps the ranges: each sweep's published points against the ranges of the calm sweeps

@@ -12,7 +12,7 @@ started firing.
 A sweep recorded before the service metered each point (no ``others_cores`` on its points: ``once --json`` and
 scrapes of /metrics from before 2026-12-06) is judged here as the guard judges one now while others use the host
 (``guard.past_idle_range``): where the sweep's own reading of other programs' load and steal over the CPU's points
-(its hardware context, standing for each point's) reaches ``guard.range_others_cores`` (``model.others_gate``),
+(its hardware context, standing for each point's) reaches ``guard.range_others_cores`` (``ranges.others_gate``),
 each host-bound point is held against the top of its idle range in the replayed service's state (the calm sweeps drawn before it), and
 one past it by more than ``guard.range_max_slowdown`` is withheld (``host_slowed``) and its crossover derived
 without it. The service would time such a point again first; a replay cannot, so it withholds at once.
@@ -53,6 +53,7 @@ sys.path.insert(0, str(REPO))
 
 from crossover_monitor.analysis import crossover as crossover_module  # noqa: E402
 from crossover_monitor.analysis.crossover import crossovers  # noqa: E402
+from crossover_monitor.analysis.ranges import others_gate  # noqa: E402
 from crossover_monitor.config.settings import GuardSettings  # noqa: E402
 from crossover_monitor.measure.guard.guard import host_share_at  # noqa: E402
 from crossover_monitor.measure.guard.rule import past_idle_range  # noqa: E402
@@ -74,7 +75,6 @@ from crossover_monitor.model import (  # noqa: E402
     Timing,
     Withheld,
     WithheldReason,
-    others_gate,
 )
 from crossover_monitor.service.state import StateStore  # noqa: E402
 from crossover_monitor.view.report import read_json  # noqa: E402

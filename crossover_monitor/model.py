@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 import math
-import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
+
+from crossover_monitor.analysis import ranges
 
 Mode = Literal["compute", "end_to_end"]
 DeviceKind = Literal["cpu", "gpu"]
@@ -81,50 +82,9 @@ class HostReference:
 
     @staticmethod
     def of(kept: Sequence[HostReference]) -> HostReference | None:
-        """The idle figure of recent sweeps: the lower decile of their medians (one sweep's own median); as
-        spread, the larger of their typical spread within a sweep and how far their medians move between
-        sweeps (each sweep is its own process, and on a VM a fresh process can run its host side 10-30%
-        slower or faster).
-
-        Why the lower decile: a slowed host only ever reads slower, so the figure must not follow sweeps the host
-        or a neighbour slowed. The median, and then the first quartile, did follow a host slow for most of a
-        stretch, and points slowed 1.4-1.8x were then judged against it and published; the lower decile lets a
-        lasting change in once nine sweeps in ten read it (about a day at the default schedule). From two sweeps
-        on, as from many: the median of a young service's first sweeps sat between the two states of a host that
-        slows by itself. Of three or fewer the lower half is one sweep, so the spread is theirs within only.
-        The spread between sweeps is read from the lower half too, against the figure (the first quartile less
-        the figure, and twice median less first quartile): slowed sweeps in the upper half would widen the
-        allowance until slowed points pass. The measurements behind each step: benchmarks/README.md's index
-        ("HostReference.of")."""
-        if not kept:
-            return None
-        medians = [r.median_s for r in kept]
-        within = statistics.median(r.spread for r in kept)
-        if len(medians) == 1:
-            return HostReference(median_s=medians[0], spread=within)
-        figure = statistics.quantiles(medians, n=10, method="inclusive")[0]
-        if len(medians) < 4:  # noqa: PLR2004 - the lower half of three or fewer is one sweep: no spread between
-            return HostReference(median_s=figure, spread=within)
-        q1, median, _ = statistics.quantiles(medians, n=4, method="inclusive")
-        # From the lower half, against the figure: how far a typical sweep reads above it, plus as much again
-        # above the first quartile, so that a host whose sweeps move apart between processes is allowed as
-        # far past its typical reading as with the first quartile for a figure.
-        between = (q1 - figure) + 2 * (median - q1)
-        return HostReference(median_s=figure, spread=max(within, relative_iqr(figure, between)))
-
-
-# Sweeps whose typical load of other programs must be kept before the node's usual load is read from them.
-OTHERS_SWEEPS_TO_JUDGE = 10
-
-
-def others_gate(usual_others: float, gate: float) -> float:
-    """The load of other programs (cores) from which a point counts as timed beside others: ``gate``
-    (``guard.range_others_cores``) on a node quiet by it in at least one recent sweep of ten; on a node whose
-    others use the gate or more in nine sweeps of ten (``ServiceState.usual_others``), that usual load plus the gate
-    (a step: at a usual load of just the gate, the gate doubles). Not the usual load plus the gate everywhere: on a
-    quiet node whose others read 0.28-0.52 cores, a sweep with 0.82 cores of the hypervisor's steal (its host-bound
-    points 1.07-2.45x) would have counted calm. A gate of 0 stays 0 (beside others always)."""
-    return gate if gate <= 0 or usual_others < gate else usual_others + gate
+        """The idle figure of recent sweeps (``analysis.ranges.idle_figure``)."""
+        found = ranges.idle_figure([r.median_s for r in kept], [r.spread for r in kept])
+        return None if found is None else HostReference(median_s=found[0], spread=found[1])
 
 
 def canonical_device(name: str) -> str:
@@ -339,11 +299,6 @@ def _timed_with_values(text: str) -> dict[str, str]:
     return {k: v for k, _, v in pairs if k in TIMED_WITH and v}
 
 
-# A point's idle range needs this many calm sweeps' medians of it; fewer, and it is not judged by its own.
-POINT_MEDIANS_TO_JUDGE = 4
-_UPPER_DECILE_FROM = 10  # calm sweeps from which the range's top is their upper decile, not the slowest
-
-
 @dataclass(frozen=True, kw_only=True)
 class PointMedians:
     """One point's median in each recent sweep that timed it with the host to itself (calm), oldest first."""
@@ -353,16 +308,9 @@ class PointMedians:
 
     @property
     def top(self) -> RangeTop | None:
-        """The top of its idle range, once ``POINT_MEDIANS_TO_JUDGE`` calm sweeps timed it: the slowest of them,
-        or from ``_UPPER_DECILE_FROM`` on their upper decile (one calm sweep that ran slow among dozens does not
-        widen it for half a day; among a few, the slowest is the range a person would read off them)."""
-        medians = self.medians_s
-        if len(medians) < POINT_MEDIANS_TO_JUDGE:
-            return None
-        if len(medians) < _UPPER_DECILE_FROM:
-            return RangeTop(key=self.key, upper_s=max(medians), sweeps=len(medians))
-        upper = statistics.quantiles(medians, n=10, method="inclusive")[-1]
-        return RangeTop(key=self.key, upper_s=upper, sweeps=len(medians))
+        """The top of its idle range (``analysis.ranges.range_top``), once enough calm sweeps timed it."""
+        upper = ranges.range_top(self.medians_s)
+        return None if upper is None else RangeTop(key=self.key, upper_s=upper, sweeps=len(self.medians_s))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -743,15 +691,9 @@ class ServiceState:
 
     @property
     def usual_others_if_known(self) -> float | None:
-        """What other programs used of the host in at least nine of the kept sweeps in ten, in cores: each sweep's
-        typical load, the one a tenth of the way up (an order statistic, not interpolated, so that it is a load
-        nine sweeps in ten reached); None until ``OTHERS_SWEEPS_TO_JUDGE`` sweeps say (a service that starts beside
-        a neighbour must not take it for the node's usual load). A node whose data loaders always use a core or
-        two is calm at that load (``others_gate``); a neighbour there in fewer than nine sweeps of ten cannot
-        raise it, one there in 87 of the 96 kept (about 22 hours at the default schedule) becomes usual."""
-        if len(self.others_typical) < OTHERS_SWEEPS_TO_JUDGE:
-            return None
-        return sorted(self.others_typical)[len(self.others_typical) // 10]
+        """What other programs used of the host in nine of the kept sweeps in ten (``analysis.ranges.usual_others``),
+        in cores; None until enough sweeps say."""
+        return ranges.usual_others(self.others_typical)
 
     @property
     def usual_others(self) -> float:

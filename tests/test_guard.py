@@ -1133,9 +1133,10 @@ def test_a_gpu_point_is_held_against_its_idle_range_only_where_a_quarter_of_its_
 
 def test_a_point_past_its_idle_range_beside_others_is_withheld_alone_and_each_point_says_what_others_used() -> None:
     """The real runner and sweep: the tops of the CPU's n = 128 point's and the GPU's n = 1 point's idle ranges
-    are a quarter of what they read now while others use a core (the reference unmoved): those points alone are withheld
-    (the n = 1 point is all host: its own fixed cost) and the rest published, each saying the others' load it was
-    timed beside; well inside their ranges, nothing is withheld; with ranges timed with other threads, nothing is judged."""
+    are a quarter of what they read now while others use a core (the reference unmoved): those points alone are
+    withheld (the n = 1 point is all host: its own fixed cost) and the rest published, each saying the others' load it
+    was timed beside; well inside their ranges, nothing is withheld; with ranges timed with other threads, nothing is
+    judged."""
     plan = make_plan("tests.fakes:curve", modes=("compute",))
     _, idle = sweep_with(lambda _: IDLE, plan)
     assert idle.snapshot is not None

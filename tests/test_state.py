@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from crossover_monitor.analysis.ranges import OTHERS_SWEEPS_TO_JUDGE, others_gate
 from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings, Settings
 from crossover_monitor.measure.guard.rule import host_allowance
 from crossover_monitor.model import (
     HOST_REFERENCE,
     HOST_REFERENCE_SPREAD,
-    OTHERS_SWEEPS_TO_JUDGE,
     HostReference,
     RetryResult,
     Role,
@@ -24,7 +24,6 @@ from crossover_monitor.model import (
     SweepResult,
     Withheld,
     WithheldReason,
-    others_gate,
 )
 from crossover_monitor.service import history as history_module
 from crossover_monitor.service.history import FILE_NAME, RunHistory

@@ -378,7 +378,7 @@ class GuardSettings(Section):
     )
     # Row 5: the load of other programs (or the hypervisor's steal) from which a host-bound point is held against its
     # idle range (on a node whose others use this many in nine recent sweeps of ten, this many more than that: the
-    # gate of model.others_gate, which also says which sweeps are calm enough to build the ranges).
+    # gate of ranges.others_gate, which also says which sweeps are calm enough to build the ranges).
     range_others_cores: float = field(
         default=0.75,
         metadata=key(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from crossover_monitor.analysis.carry import served, trimmed
+from crossover_monitor.analysis.ranges import others_gate
 from crossover_monitor.config.settings import GuardSettings, Settings
 from crossover_monitor.model import (
     Measurement,
@@ -24,7 +25,6 @@ from crossover_monitor.model import (
     Snapshot,
     SweepOutcome,
     SweepResult,
-    others_gate,
     same_timing,
     timed_with,
 )

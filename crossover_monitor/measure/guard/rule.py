@@ -26,7 +26,7 @@ A point is timed in tries; a try that is not clean is timed again once, after DI
        (inside_own_range)
     4  the reference read the host slowed, by enough times the point's host share     slowed
        to pass the allowance (host_allowance: reference_max_slowdown, or wider)
-    5  beside others (range_others_cores, through model.others_gate: the gate the      slowed
+    5  beside others (range_others_cores, through ranges.others_gate: the gate the     slowed
        service's ranges take calm sweeps by) or the reference read slowed past the
        allowance; HOST_BOUND_SHARE or more of its time the host's; past the top of
        its idle range (a refinement's size: the next configured size's) by more
@@ -49,8 +49,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from crossover_monitor.analysis.ranges import others_gate
 from crossover_monitor.config.settings import GuardSettings
-from crossover_monitor.model import DeviceInfo, Withheld, WithheldReason, others_gate
+from crossover_monitor.model import DeviceInfo, Withheld, WithheldReason
 
 # A container's quota throttles a thread team that spins now and then; up to this share of a try is let pass.
 THROTTLING_TOLERATED = 0.02
