@@ -1,0 +1,132 @@
+"""Cheaper sweeps replayed over recorded idle ones (issue 54): what fewer blocks and fewer visits cost n*.
+
+Each recorded idle sweep (`gpu_proof.py`'s JSON lines: every point's blocks and, for the sizes around n*, each
+visit's median) is cut down as a cheaper plan would have timed it, then its crossovers are derived again by the
+current code (``crossover_monitor.analysis.crossover``):
+
+- ``visits=K``: a point timed in several visits keeps its first K (the CPU's and the GPU's k-th visits stay paired);
+- ``blocks=B``: a point's first visit keeps its first B blocks (at least the 3 a point always takes), its median
+  read from them; a revisit's blocks (3) are kept as they were.
+
+For each variant and mode it prints the n* of every sweep's pair, their spread over the run's idle sweeps (range
+over median, and the log standard deviation), how often the state changed from the recorded one, and the CPU-seconds
+of the timed blocks kept (calls x median x the cores a point keeps busy) against the recorded sweeps'. A first-order
+model: the refinement chose its sizes from the full timings, and warm-up, calibration and the worker's start are
+not counted (sweep_cost.py measures those on a GPU host).
+
+    python benchmarks/sweep_cost_replay.py benchmarks/results/gpu-proof-torch-h200-2026-12-03b.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from crossover_monitor.analysis.crossover import crossovers
+from crossover_monitor.measure.runner import REVISIT_BLOCKS
+from crossover_monitor.model import CrossoverState, Measurement, Snapshot, Timing
+from crossover_monitor.view.report import read_json
+
+MIN_BLOCKS = 3
+VARIANTS = (
+    ("recorded", None, None),
+    ("visits=5", 5, None),
+    ("visits=3", 3, None),
+    ("blocks=10", None, 10),
+    ("blocks=5", None, 5),
+    ("visits=3 blocks=5", 3, 5),
+)
+
+
+def idle_sweeps(path: Path) -> Iterator[Snapshot]:
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line) if line.strip() else {}
+        once = record.get("once") or {}
+        if record.get("label") == "idle" and once.get("snapshot"):
+            snapshot = read_json(once).snapshot
+            if snapshot is not None:
+                yield snapshot
+
+
+def _median(values: tuple[float, ...]) -> float:
+    return statistics.median(values)
+
+
+def cut(timing: Timing, visits: int | None, blocks: int | None) -> Timing:
+    """The timing as a plan of at most ``visits`` visits and ``blocks`` first-visit blocks would have left it."""
+    revisits = max(len(timing.visits_s) - 1, 0)
+    first = timing.samples_s[: len(timing.samples_s) - revisits * REVISIT_BLOCKS]
+    later = timing.samples_s[len(first) :]
+    kept_first = first if blocks is None else first[: max(blocks, MIN_BLOCKS)]
+    if not timing.visits_s:
+        samples = kept_first
+        return dataclasses.replace(timing, median_s=_median(samples), blocks=len(samples), samples_s=samples)
+    keep = len(timing.visits_s) if visits is None else min(visits, len(timing.visits_s))
+    medians = (_median(kept_first), *timing.visits_s[1:keep])
+    samples = kept_first + later[: (keep - 1) * REVISIT_BLOCKS]
+    return dataclasses.replace(
+        timing, median_s=_median(medians), blocks=len(samples), samples_s=samples, visits_s=medians if keep > 1 else ()
+    )
+
+
+def cpu_seconds(snapshot: Snapshot, measurements: tuple[Measurement, ...]) -> float:
+    kinds = {d.device: d.kind for d in snapshot.devices}
+    threads = {d.device: int(dict(d.details).get("threads", "1") or 1) for d in snapshot.devices}
+    return sum(
+        len(m.timing.samples_s)
+        * m.timing.calls_per_block
+        * m.timing.median_s
+        * (threads[m.key.device] if kinds[m.key.device] == "cpu" else 1)
+        for m in measurements
+    )
+
+
+def replay(snapshot: Snapshot, visits: int | None, blocks: int | None) -> tuple[dict[str, Any], float]:
+    measurements = tuple(dataclasses.replace(m, timing=cut(m.timing, visits, blocks)) for m in snapshot.measurements)
+    found: dict[str, Any] = {c.mode: (c.state, c.size) for c in crossovers(snapshot.devices, measurements)}
+    return found, cpu_seconds(snapshot, measurements)
+
+
+def spread(sizes: list[float]) -> str:
+    if len(sizes) < 2:
+        return "-"
+    logs = [math.log(s) for s in sizes]
+    return (
+        f"range/median {(max(sizes) - min(sizes)) / statistics.median(sizes):.2f}, log SD {statistics.stdev(logs):.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    args = parser.parse_args()
+    for path in args.runs:
+        sweeps = list(idle_sweeps(path))
+        print(f"{path.name}: {len(sweeps)} idle sweeps")
+        base: dict[int, dict[str, Any]] = {}
+        base_cost = 0.0
+        for name, visits, blocks in VARIANTS:
+            rows = [replay(s, visits, blocks) for s in sweeps]
+            cost = statistics.median(c for _, c in rows)
+            if name == "recorded":
+                base = dict(enumerate(r for r, _ in rows))
+                base_cost = cost
+            print(f"  {name:18s} timed CPU-s {cost:6.1f} ({cost / base_cost:4.0%})")
+            for mode in ("compute", "end_to_end"):
+                sizes = [r[mode][1] for r, _ in rows if r.get(mode, (None, None))[0] is CrossoverState.FOUND]
+                changed = sum(1 for i, (r, _) in enumerate(rows) if r.get(mode) and r[mode][0] != base[i][mode][0])
+                shown = " ".join(f"{s:.0f}" for s in sizes)
+                print(f"    {mode:10s} n* {shown}  ({spread(sizes)}; state changed in {changed})")
+
+
+if __name__ == "__main__":
+    main()
