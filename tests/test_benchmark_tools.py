@@ -90,3 +90,43 @@ def test_kernel_timestamps_that_do_not_split_into_equal_blocks_use_the_whole_spa
     seconds, method = references.per_call_from_kernels(kernels, blocks=5, calls=3)
     assert method == "trace span"
     assert seconds == pytest.approx((kernels[-1][1] - kernels[0][0]) / 1e9 / 15)
+
+
+def test_a_cheaper_plan_replayed_keeps_what_it_would_have_timed_and_the_full_plan_changes_nothing() -> None:
+    """sweep_cost_replay.cut: a point's first visit keeps its first B blocks (at least 3) and its median is read from
+    them; a visited point keeps its first K visits (its first visit's median re-read from the blocks kept) and the
+    revisits' blocks with them; with no cut the recorded crossovers come back unchanged."""
+    import sweep_cost_replay as replay  # noqa: PLC0415 - a script of benchmarks/
+
+    from crossover_monitor.model import StopReason, Timing  # noqa: PLC0415
+
+    once = Timing(
+        median_s=3.0,
+        iqr_s=0.0,
+        blocks=6,
+        calls_per_block=1,
+        stop_reason=StopReason.CONVERGED,
+        noisy=False,
+        samples_s=(1.0, 2.0, 9.0, 9.0, 9.0, 9.0),
+    )
+    assert replay.cut(once, None, 3).median_s == 2.0
+    assert replay.cut(once, None, 3).blocks == 3
+    assert replay.cut(once, None, 1).blocks == 3  # a point always takes 3
+    visited = Timing(
+        median_s=5.0,
+        iqr_s=0.0,
+        blocks=5 + 2 * 3,
+        calls_per_block=1,
+        stop_reason=StopReason.CONVERGED,
+        noisy=False,
+        samples_s=(1.0, 1.0, 1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 8.0, 8.0, 8.0),
+        visits_s=(1.0, 5.0, 8.0),
+    )
+    two = replay.cut(visited, 2, None)
+    assert (two.visits_s, two.median_s, two.blocks) == ((1.0, 5.0), 3.0, 8)
+    assert replay.cut(visited, 1, None).visits_s == ()
+    path = BENCHMARKS / "results" / "gpu-proof-torch-h200-2026-12-03b.jsonl"
+    for snapshot in list(replay.idle_sweeps(path))[:2]:
+        found, cost = replay.replay(snapshot, None, None)
+        assert found == {c.mode: (c.state, c.size) for c in snapshot.crossovers if c.gpu != "none"}
+        assert cost > 0
