@@ -836,20 +836,35 @@ def test_refinement_never_times_a_point_withheld_alone_again() -> None:
     assert refined, "refinement timed nothing: the test's premise is gone"
 
 
+class _RefinementSlowed(SlowedWhileTiming):
+    """The host 2x slower over the GPU's points at the sizes refinement adds (none configured): which sizes those
+    are depends on the timings (a busy machine moves them), so they are slowed by not being configured."""
+
+    def __init__(self, configured: tuple[int, ...]) -> None:
+        super().__init__(set())
+        self.configured = configured
+
+    def reference(self) -> float:
+        device, size = self.current or ("", 0)
+        return 2e-3 if device == "/GPU:0" and size not in self.configured and size != 1 else 1e-3
+
+
 def test_a_refinements_point_the_host_slowed_is_named_and_the_crossover_its_gap_could_move_is_withheld() -> None:
-    """The host slowed only over the GPU's point at n = 54, a size refinement added beside the crossing (45-54):
-    that point is withheld and named like a configured one, so the sweep is partial and says why, and the
-    crossover its gap could have moved (the CPU's 54 stands alone between 45 and 64) is withheld."""
-    backend = SlowedWhileTiming({("/GPU:0", 54)})
+    """The host slowed only over the GPU's points at the sizes refinement added beside the crossing (between 32 and
+    64): each is withheld and named like a configured one, so the sweep is partial and says why, never prepared
+    again, and the crossover their gaps could have moved (the CPU's sizes there stand alone) is withheld."""
     plan = make_plan("tests.fakes:curve", modes=("compute",), refine=RefineSettings(spacing=0.2, visits=2))
+    backend = _RefinementSlowed(plan.bench.sizes)
     outcome = _slowed_sweep(backend, plan)
     snapshot = outcome.snapshot
     assert snapshot is not None
-    assert ("/CPU:0", 54) in {(m.key.device, m.key.size) for m in snapshot.measurements}, "no refinement at 54"
-    assert [w.subject for w in snapshot.withheld] == ["/GPU:0 54x54 float32 compute"]
+    added = {m.key.size for m in snapshot.measurements if m.key.device == "/CPU:0" and m.role == "refine"}
+    assert added, "refinement added no size"
+    withheld = {w.subject for w in snapshot.withheld}
+    assert withheld == {f"/GPU:0 {n}x{n} float32 compute" for n in added}
     assert outcome.result is SweepResult.PARTIAL
-    assert "54" in outcome.reason
-    assert backend.prepared[("/GPU:0", 54)] == 1  # never prepared again in this sweep
+    assert all(str(n) in outcome.reason for n in added)
+    assert all(backend.prepared[("/GPU:0", n)] == 1 for n in added)  # never prepared again in this sweep
     (crossover,) = snapshot.crossovers
     assert crossover.state is CrossoverState.WITHHELD
 
