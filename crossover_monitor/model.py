@@ -230,13 +230,7 @@ class Timing:
 
     @property
     def relative_iqr(self) -> float:
-        return relative_iqr(self.median_s, self.iqr_s)
-
-
-def relative_iqr(median_s: float, iqr_s: float) -> float:
-    """A timing's spread against its level, what the noise target is held to; infinite at a zero median
-    (a broken clock), which no target accepts."""
-    return iqr_s / median_s if median_s > 0 else math.inf
+        return ranges.relative_iqr(self.median_s, self.iqr_s)
 
 
 def speedup(cpu_s: float, gpu_s: float) -> float:

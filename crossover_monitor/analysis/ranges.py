@@ -6,6 +6,7 @@ of other programs, and the gate from which a point counts as timed beside them. 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -15,6 +16,12 @@ _UPPER_DECILE_FROM = 10  # calm sweeps from which the range's top is their upper
 # Sweeps whose typical load of other programs must be kept before the node's usual load is read from them.
 OTHERS_SWEEPS_TO_JUDGE = 10
 _LOWER_HALF_FROM = 4  # of fewer sweeps the lower half is one sweep: no spread between them
+
+
+def relative_iqr(median_s: float, iqr_s: float) -> float:
+    """A spread against its level (a timing's, what the noise target is held to; the host reference's); infinite at
+    a zero median (a broken clock), which no target accepts."""
+    return iqr_s / median_s if median_s > 0 else math.inf
 
 
 def idle_figure(medians_s: Sequence[float], spreads: Sequence[float]) -> tuple[float, float] | None:
@@ -46,7 +53,7 @@ def idle_figure(medians_s: Sequence[float], spreads: Sequence[float]) -> tuple[f
     # above the first quartile, so that a host whose sweeps move apart between processes is allowed as
     # far past its typical reading as with the first quartile for a figure.
     between = (q1 - figure) + 2 * (median - q1)
-    return figure, max(within, between / figure if figure > 0 else float("inf"))
+    return figure, max(within, relative_iqr(figure, between))
 
 
 def range_top(medians_s: Sequence[float]) -> float | None:

@@ -8,9 +8,10 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from crossover_monitor.analysis.ranges import relative_iqr
 from crossover_monitor.config.settings import TimingSettings
 from crossover_monitor.measure.contract import RunBlock
-from crossover_monitor.model import StopReason, Timing, relative_iqr
+from crossover_monitor.model import StopReason, Timing
 
 Clock = Callable[[], float]
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from crossover_monitor.analysis.ranges import relative_iqr
 from crossover_monitor.config.settings import GuardSettings
 from crossover_monitor.measure.guard import rule
 from crossover_monitor.measure.guard.podresources import PodResourcesUnavailable
@@ -43,7 +44,6 @@ from crossover_monitor.model import (
     RangeTop,
     Withheld,
     WithheldReason,
-    relative_iqr,
     same_timing,
 )
 
