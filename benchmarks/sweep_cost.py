@@ -8,6 +8,11 @@ framework's import, device discovery) before the first point, then each point's 
 Printed per sweep: worker CPU-s, wall s, peak RSS, and the points that cost the most; the results JSON keeps every
 point's CPU-s and wall-s per sweep, and the floor.
 
+The sweeps follow one another as the service's would (``--every``, 15 minutes by default): each is planned by the
+service's own planner (``plan_sweep``) from a store holding the sweeps before it, on a clock that moves the
+schedule's interval between sweeps, so that ``benchmark.full_curve_every`` and the guard's ranges act as in a
+service that has run that long (the sweeps themselves run back to back).
+
     python benchmarks/sweep_cost.py --backend torch --sweeps 3 --out benchmarks/results/sweep-cost-DATE.json
 """
 
@@ -30,8 +35,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from crossover_monitor.config.loader import load_settings
-from crossover_monitor.model import SweepOutcome
+from crossover_monitor.model import Snapshot, SweepOutcome
 from crossover_monitor.protocol import Message, Plan, Started
+from crossover_monitor.service.planning import plan_sweep
+from crossover_monitor.service.state import StateStore
 from crossover_monitor.service.sweep import SubprocessWorker, run_sweep
 
 TICK_S = os.sysconf("SC_CLK_TCK")
@@ -101,7 +108,8 @@ class Meter:
             self.current = f"{k.device} {k.mode} {k.size}"
 
 
-def one_sweep(plan: Plan, timeout_s: float) -> tuple[SweepOutcome, Meter]:
+def one_sweep(plan: Plan, timeout_s: float, at: float) -> tuple[SweepOutcome, Meter]:
+    """The real sweep, its start stamped ``at`` (the simulated schedule's time), and its meter."""
     meter = Meter()
 
     def launch(p: Plan) -> SubprocessWorker:
@@ -110,7 +118,15 @@ def one_sweep(plan: Plan, timeout_s: float) -> tuple[SweepOutcome, Meter]:
         threading.Thread(target=meter.watch, daemon=True).start()
         return worker
 
-    outcome = run_sweep(plan, timeout_s=timeout_s, cancel=threading.Event(), launch=launch, on_message=meter.on_message)
+    began = time.time()
+    outcome = run_sweep(
+        plan,
+        timeout_s=timeout_s,
+        cancel=threading.Event(),
+        launch=launch,
+        on_message=meter.on_message,
+        clock=lambda: at + time.time() - began,
+    )
     meter.stop.set()
     return outcome, meter
 
@@ -122,63 +138,121 @@ def floor(backend: str, size: int) -> dict[str, float]:
     return {"peak_rss_bytes": float(rss), "cpu_s": float(cpu)}
 
 
+PEER = """
+import json, sys
+sys.path.insert(0, "benchmarks")
+from references import torch_reference
+curves, _ = torch_reference([int(n) for n in sys.argv[1].split(",")], tf32=False, cpu=True, threads=int(sys.argv[2]))
+print(json.dumps(curves))
+"""
+
+
+def peer_check(snapshot: Snapshot, sizes: list[int]) -> dict[str, Any]:
+    """The sweep's medians at ``sizes`` against torch's own timing in a separate process, same threads: CUDA events
+    on the GPU, a perf_counter loop on the CPU (``references.torch_reference``); service / peer per point."""
+    threads = dict(snapshot.environment).get("cpu_threads", "1")
+    done = subprocess.run(
+        [sys.executable, "-c", PEER, ",".join(map(str, sizes)), threads], capture_output=True, text=True, check=True
+    )
+    peer = json.loads(done.stdout.strip().splitlines()[-1])
+    kinds = {d.device: d.kind for d in snapshot.devices}
+    ratios = {}
+    for m in snapshot.measurements:
+        reference = peer[kinds[m.key.device]][m.key.mode].get(str(m.key.size))
+        if m.role == "sweep" and reference:
+            ratios[f"{m.key.device} {m.key.mode} {m.key.size}"] = round(m.timing.median_s / reference, 4)
+    return {"threads": threads, "service_over_peer": ratios, "peer_s": peer}
+
+
+def _row(outcome: SweepOutcome, meter: Meter, plan: Plan) -> dict[str, Any]:
+    snapshot = outcome.snapshot
+    env = dict(snapshot.environment) if snapshot is not None else {}
+    gpus = {d.device for d in snapshot.devices if d.kind == "gpu"} if snapshot is not None else set()
+    return {
+        "result": outcome.result.value,
+        "reason": outcome.reason,
+        "wall_s": round(outcome.finished_at - outcome.started_at, 2),
+        "worker_cpu_s_reported": float(env.get("worker_cpu_s", "nan")),
+        "worker_peak_rss_bytes": float(env.get("worker_peak_rss_bytes", "nan")),
+        "worker_cpu_s_metered": round(sum(meter.cpu.values()), 2),
+        # The wall time of the GPUs' points: what the sweep held a GPU for (an upper bound of its busy time).
+        "gpu_points_wall_s": round(sum(w for k, w in meter.wall.items() if k.split(" ")[0] in gpus), 2),
+        "cpu_threads": env.get("cpu_threads"),
+        "points": {k: {"cpu_s": round(meter.cpu[k], 3), "wall_s": round(meter.wall[k], 3)} for k in meter.cpu},
+        "crossovers": [
+            {"mode": c.mode, "state": c.state.value, "size": c.size, "ci": [c.ci_lower, c.ci_upper]}
+            for c in (snapshot.crossovers if snapshot else ())
+        ],
+        "withheld": [w.subject for w in (snapshot.withheld if snapshot else ())],
+        "carried": sorted(f"{m.key.device} {m.key.mode} {m.key.size}" for m in plan.carried),
+        "timed_again": sorted(
+            f"{m.key.device} {m.key.mode} {m.key.size}"
+            for m in (snapshot.measurements if snapshot else ())
+            if m.key in {c.key for c in plan.carried} and not m.carried
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="tensorflow")
     parser.add_argument("--config", help="YAML configuration (default: the embedded defaults)")
     parser.add_argument("--sweeps", type=int, default=3)
+    parser.add_argument("--every", type=float, default=900.0, help="the schedule's interval the sweeps stand for, s")
+    parser.add_argument("--label", default="", help="what this run is, kept in the results")
+    parser.add_argument("--peer-sizes", default="", help="after the sweeps, torch's own timing at these sizes")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     settings = load_settings(args.config)
     bench = dataclasses.replace(settings.benchmark, backend=args.backend)
-    plan = Plan(bench=bench, guard=settings.guard)
-    sweeps: list[dict[str, Any]] = []
+    results: dict[str, Any] = {
+        "tool": "benchmarks/sweep_cost.py",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "backend": args.backend,
+        "label": args.label,
+        "every_s": args.every,
+        "full_curve_every_s": bench.full_curve_every_s,
+        "max_blocks": bench.timing.max_blocks,
+        "sizes": list(bench.sizes),
+        "floor": floor(args.backend, max(bench.sizes)),
+        "sweeps": [],
+    }
+    print(f"floor: {results['floor']['peak_rss_bytes'] / 2**20:.0f} MiB, {results['floor']['cpu_s']:.1f} CPU-s")
+
+    def save() -> None:  # after every step: a run its time limit stops keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+    store = StateStore()
+    start = time.time()
+    store.record_config(dataclasses.replace(settings, benchmark=bench), at=start - 1)
+    last_whole: Snapshot | None = None
     for index in range(args.sweeps):
-        outcome, meter = one_sweep(plan, bench.timeout_s)
-        snapshot = outcome.snapshot
-        env = dict(snapshot.environment) if snapshot is not None else {}
-        row: dict[str, Any] = {
-            "result": outcome.result.value,
-            "reason": outcome.reason,
-            "wall_s": round(outcome.finished_at - outcome.started_at, 2),
-            "worker_cpu_s_reported": float(env.get("worker_cpu_s", "nan")),
-            "worker_peak_rss_bytes": float(env.get("worker_peak_rss_bytes", "nan")),
-            "worker_cpu_s_metered": round(sum(meter.cpu.values()), 2),
-            "points": {k: {"cpu_s": round(meter.cpu[k], 3), "wall_s": round(meter.wall[k], 3)} for k in meter.cpu},
-            "crossovers": [
-                {"mode": c.mode, "state": c.state.value, "size": c.size}
-                for c in (snapshot.crossovers if snapshot else ())
-            ],
-            "withheld": [w.subject for w in (snapshot.withheld if snapshot else ())],
-        }
-        sweeps.append(row)
+        at = start + index * args.every
+        plan = plan_sweep(bench, settings.guard, store.read(), now=at, until_next_s=args.every)
+        outcome, meter = one_sweep(plan, bench.timeout_s, at)
+        store.record(outcome)
+        if not plan.carried and outcome.snapshot is not None:
+            last_whole = outcome.snapshot
+        row = _row(outcome, meter, plan)
+        results["sweeps"].append(row)
+        save()
         top = sorted(row["points"].items(), key=lambda kv: -kv[1]["cpu_s"])[:6]
         print(
-            f"sweep {index}: {row['result']}, {row['wall_s']} s, worker {row['worker_cpu_s_reported']:.0f} CPU-s "
-            f"(metered {row['worker_cpu_s_metered']:.0f}), peak RSS {row['worker_peak_rss_bytes'] / 2**20:.0f} MiB; "
-            + ", ".join(f"{k} {v['cpu_s']:.1f}" for k, v in top),
+            f"sweep {index} ({len(plan.carried)} carried): {row['result']}, {row['wall_s']} s, "
+            f"worker {row['worker_cpu_s_reported']:.0f} CPU-s (metered {row['worker_cpu_s_metered']:.0f}), "
+            f"peak RSS {row['worker_peak_rss_bytes'] / 2**20:.0f} MiB, GPU points {row['gpu_points_wall_s']} s; "
+            + ", ".join(f"{k} {v['cpu_s']:.1f}" for k, v in top)
+            + f"; n* {[(c['mode'], c['state'], c['size'] and round(c['size'])) for c in row['crossovers']]}",
             flush=True,
         )
-    bare = floor(args.backend, max(bench.sizes))
-    print(f"floor: {bare['peak_rss_bytes'] / 2**20:.0f} MiB, {bare['cpu_s']:.1f} CPU-s", flush=True)
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "tool": "benchmarks/sweep_cost.py",
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-                    "backend": args.backend,
-                    "sizes": list(bench.sizes),
-                    "cpu_threads": bench.cpu_threads,
-                    "sweeps": sweeps,
-                    "floor": bare,
-                    "this_process_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+    if args.peer_sizes and last_whole is not None:
+        results["peer"] = peer_check(last_whole, [int(n) for n in args.peer_sizes.split(",")])
+        save()
+        print("service / peer:", " ".join(f"{k} {v:.3f}" for k, v in results["peer"]["service_over_peer"].items()))
+    results["this_process_maxrss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    save()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ current code (``crossover_monitor.analysis.crossover``):
 - ``blocks=B``: a point's first visit keeps its first B blocks (at least the 3 a point always takes), its median
   read from them; a revisit's blocks (3) are kept as they were.
 
+- ``focused``: the sweeps taken as one every 15 minutes, each planned as the service plans it between whole curves
+  (``analysis.focus.carried_points`` over the snapshot served before it, ``benchmark.full_curve_every`` 1 h): its
+  carried points cost nothing and keep the served values, and where the crossovers lean on a carried size (its
+  ``lower`` or ``upper``) the sweep's own points are taken instead, as the worker would time them.
+
 For each variant and mode it prints the n* of every sweep's pair, their spread over the run's idle sweeps (range
 over median, and the log standard deviation), how often the state changed from the recorded one, and the CPU-seconds
 of the timed blocks kept (calls x median x the cores a point keeps busy) against the recorded sweeps'. A first-order
@@ -31,20 +36,26 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from crossover_monitor.analysis.carry import served
 from crossover_monitor.analysis.crossover import crossovers
+from crossover_monitor.analysis.focus import carried_points
+from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.measure.runner import REVISIT_BLOCKS
-from crossover_monitor.model import CrossoverState, Measurement, Snapshot, Timing
+from crossover_monitor.model import CrossoverState, Measurement, RecentCrossovers, Snapshot, Timing
 from crossover_monitor.view.report import read_json
 
 MIN_BLOCKS = 3
 VARIANTS = (
-    ("recorded", None, None),
-    ("visits=5", 5, None),
-    ("visits=3", 3, None),
-    ("blocks=10", None, 10),
-    ("blocks=5", None, 5),
-    ("visits=3 blocks=5", 3, 5),
+    ("recorded", None, None, False),
+    ("visits=5", 5, None, False),
+    ("visits=3", 3, None, False),
+    ("blocks=10", None, 10, False),
+    ("blocks=5", None, 5, False),
+    ("visits=3 blocks=5", 3, 5, False),
+    ("focused", None, None, True),
+    ("focused blocks=10", None, 10, True),
 )
+SCHEDULE_S = 900.0  # the default schedule: the focused plan's sweeps are taken as this far apart
 
 
 def idle_sweeps(path: Path) -> Iterator[Snapshot]:
@@ -96,6 +107,59 @@ def replay(snapshot: Snapshot, visits: int | None, blocks: int | None) -> tuple[
     return found, cpu_seconds(snapshot, measurements)
 
 
+def focused(sweeps: list[Snapshot], blocks: int | None) -> list[tuple[dict[str, Any], float]]:
+    """Each sweep as the service would have timed it at a 15-minute schedule: (crossovers by mode, timed CPU-s)."""
+    rows: list[tuple[dict[str, Any], float]] = []
+    latest: Snapshot | None = None
+    recent: tuple[RecentCrossovers, ...] = ()
+    for index, snapshot in enumerate(sweeps):
+        at = index * SCHEDULE_S
+        bench = BenchmarkSettings(sizes=tuple(sorted({m.key.size for m in snapshot.measurements if m.role == "sweep"})))
+        carried = {m.key: m for m in carried_points(bench, latest, now=at, until_next_s=SCHEDULE_S)}
+        own = _refined_around(snapshot, latest, blocks)
+        kept = tuple(carried.get(m.key, m) for m in own)
+        leaned = {
+            (c.backend, c.dtype, c.mode)
+            for c in crossovers(snapshot.devices, kept)
+            if any(
+                k.size in (c.lower, c.upper) and (k.backend, k.dtype, k.mode) == (c.backend, c.dtype, c.mode)
+                for k in carried
+            )
+        }
+        kept = tuple(m if (m.key.backend, m.key.dtype, m.key.mode) in leaned else carried.get(m.key, m) for m in own)
+        timed = tuple(m for m in kept if not m.carried)
+        new = dataclasses.replace(snapshot, measurements=kept, crossovers=crossovers(snapshot.devices, kept))
+        new = dataclasses.replace(
+            new, finished_at=at, crossovers=tuple(dataclasses.replace(c, derived_at=at) for c in new.crossovers)
+        )
+        latest, recent = served(latest, new, recent=recent)
+        rows.append(({c.mode: (c.state, c.size) for c in new.crossovers}, cpu_seconds(snapshot, timed)))
+    return rows
+
+
+def _refined_around(snapshot: Snapshot, latest: Snapshot | None, blocks: int | None) -> tuple[Measurement, ...]:
+    """The sweep's points as a refinement that visits first where the served n* was would have left them: sizes
+    more than a step (20%) outside the served crossovers' reach not visited (a refinement's size not timed, a
+    configured one timed once), unless the sweep's own n* lies out there (the next round would visit it)."""
+    reach: dict[str, tuple[float, float]] = {}
+    for c in latest.crossovers if latest is not None else ():
+        if c.reach is not None:
+            low, high = reach.get(c.mode, c.reach)
+            reach[c.mode] = (min(low, c.reach[0]) / 1.2, max(high, c.reach[1]) * 1.2)
+    found = {c.mode: c.size for c in snapshot.crossovers if c.size is not None}
+    kept: list[Measurement] = []
+    for m in snapshot.measurements:
+        low, high = reach.get(m.key.mode, (0.0, math.inf))
+        inside = found.get(m.key.mode) is None or low <= found[m.key.mode] <= high
+        if inside and not low <= m.key.size <= high and m.timing.visits_s:
+            if m.role == "refine":
+                continue
+            kept.append(dataclasses.replace(m, timing=cut(cut(m.timing, 1, None), None, blocks)))
+        else:
+            kept.append(dataclasses.replace(m, timing=cut(m.timing, None, blocks)))
+    return tuple(kept)
+
+
 def spread(sizes: list[float]) -> str:
     if len(sizes) < 2:
         return "-"
@@ -114,9 +178,9 @@ def main() -> None:
         print(f"{path.name}: {len(sweeps)} idle sweeps")
         base: dict[int, dict[str, Any]] = {}
         base_cost = 0.0
-        for name, visits, blocks in VARIANTS:
-            rows = [replay(s, visits, blocks) for s in sweeps]
-            cost = statistics.median(c for _, c in rows)
+        for name, visits, blocks, focus in VARIANTS:
+            rows = focused(sweeps, blocks) if focus else [replay(s, visits, blocks) for s in sweeps]
+            cost = statistics.mean(c for _, c in rows) if focus else statistics.median(c for _, c in rows)
             if name == "recorded":
                 base = dict(enumerate(r for r, _ in rows))
                 base_cost = cost

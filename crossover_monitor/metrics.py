@@ -106,6 +106,12 @@ DURATION_NOISY = _metric(
     "matmul_duration_noisy", "1 if the spread stayed above the target (a noisy point)", POINT_LABELS
 )
 FLOPS = _metric("matmul_flops_per_second", "Achieved rate, 2·n³ / median", POINT_LABELS)
+# Between whole curves a sweep carries the points that cannot move n* (``analysis.focus``): each says when it was timed.
+DURATION_AT = _metric(
+    "matmul_duration_timestamp_seconds",
+    "When the served point was timed: its device's latest sweep, or an earlier one for a point a sweep carried",
+    POINT_LABELS,
+)
 # The GPU throughput alert's input, served apart so that a fleet keeps it without the curve (relabeling keeps series
 # by label, never by which size is the largest). Its `size` label starts a new series when the sizes change.
 LARGEST_FLOPS = _metric(
@@ -538,15 +544,21 @@ class StateCollector(Collector):
     def _point_metrics(self, state: ServiceState) -> Iterator[Metric]:
         if state.latest is None:
             return
-        duration, iqr, noisy, flops = (_gauge(n) for n in (DURATION, DURATION_IQR, DURATION_NOISY, FLOPS))
+        duration, iqr, noisy, flops, timed_at = (
+            _gauge(n) for n in (DURATION, DURATION_IQR, DURATION_NOISY, FLOPS, DURATION_AT)
+        )
+        measured_at = dict(state.latest.measured_at)
         # Only configured sizes become series: the fixed-cost point and refinement sizes vary between sweeps.
         for m in (m for m in state.latest.measurements if m.role == "sweep"):
-            labels = _label_values(DURATION, m.key)  # the four point gauges' alike
+            labels = _label_values(DURATION, m.key)  # the five point gauges' alike
             duration.add_metric(labels, m.timing.median_s)
             iqr.add_metric(labels, m.timing.iqr_s)
             noisy.add_metric(labels, 1 if m.timing.noisy else 0)
             flops.add_metric(labels, m.flops_per_second)
-        yield from (duration, iqr, noisy, flops)
+            when = m.timed_at if m.timed_at is not None else measured_at.get(m.key.device)
+            if when is not None:
+                timed_at.add_metric(labels, when)
+        yield from (duration, iqr, noisy, flops, timed_at)
         yield _largest_flops(state.latest)
         fixed, peak = _gauge(FIXED_COST), _gauge(PEAK_FLOPS)
         for cost in state.latest.costs:

@@ -255,6 +255,13 @@ class Measurement:
     # over one of its visits. Below guard.range_others_cores (``others_gate``: above a node's usual load where
     # it is never that quiet) the point was timed calm, and its median joins the point's idle range (``PointMedians``).
     others_cores: float | None = None
+    # When an earlier sweep timed a point this one carried (``analysis.focus``), unix seconds; None: timed in the
+    # sweep whose snapshot holds it.
+    timed_at: float | None = None
+
+    @property
+    def carried(self) -> bool:
+        return self.timed_at is not None
 
     @property
     def flops_per_second(self) -> float:
@@ -368,6 +375,14 @@ class Crossover:
     def key(self) -> CrossoverKey:
         """What the crossover is of: the same key in the next sweep is the same series."""
         return (self.backend, self.gpu, self.cpu, self.dtype, self.mode)
+
+    @property
+    def reach(self) -> tuple[float, float] | None:
+        """The sizes n* may lie between: the lowest and highest of n*, its bracket and its interval; None without n*."""
+        if self.size is None:
+            return None
+        known = [x for x in (self.size, self.lower, self.upper, self.ci_lower, self.ci_upper) if x is not None]
+        return min(known), max(known)
 
     @property
     def pair_label(self) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from crossover_monitor.codec import DecodeError, from_data, parse_json, to_data
 from crossover_monitor.config.settings import BenchmarkSettings, GuardSettings
 from crossover_monitor.model import (
+    Crossover,
     DeviceFailure,
     DeviceInfo,
     HardwareContext,
@@ -43,6 +44,13 @@ class Plan:
     range_tops_timed_as: str = ""
     # What other programs use of the host in nine recent sweeps of ten (``ServiceState.usual_others``), in cores.
     usual_others: float = 0.0
+    # Points of the served curve this sweep need not time again (``analysis.focus``), each with when it was timed:
+    # the worker serves them as they are unless the crossovers it finds lean on them.
+    carried: tuple[Measurement, ...] = ()
+    carried_timed_as: str = ""  # what they were timed with (``model.timed_with``)
+    # The served crossovers found (timed as ``carried_timed_as`` says): the refinement's first visits go to the
+    # sizes around their intervals, and further only where this sweep's crossing lies elsewhere.
+    refine_around: tuple[Crossover, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(to_data(self))

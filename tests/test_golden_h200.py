@@ -48,6 +48,7 @@ ADDED_SINCE_RECORDING = {
     metrics.POINTS_WITHHELD,  # points withheld alone (issue 32)
     metrics.USUAL_OTHER_LOAD,  # the node's usual load (issue 32)
     metrics.LARGEST_FLOPS,  # the fleet profile's throughput (issue 52): held against the curve below
+    metrics.DURATION_AT,  # when each point was timed, carried between whole curves (issue 54)
 }
 # Labels added after it (dcgm-exporter's join keys, issue 19): empty in the data it holds, so dropped here.
 LABELS_ADDED_SINCE_RECORDING = {"UUID", "pci_bus_id", "cpu_affinity", "driver_version"}

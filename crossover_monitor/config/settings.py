@@ -184,7 +184,7 @@ class TimingSettings(Section):
         default=0.02, metadata=key("block_time", duration(positive=True), "a timed block lasts at least this")
     )
     min_blocks: int = field(default=5, metadata=key("min_blocks", integer(3), "timed blocks per point, at least"))
-    max_blocks: int = field(default=50, metadata=key("max_blocks", integer(3), "timed blocks per point, at most"))
+    max_blocks: int = field(default=10, metadata=key("max_blocks", integer(3), "timed blocks per point, at most"))
     target_spread: float = field(
         default=0.05,
         metadata=key("target_spread", fraction, "stop once IQR/median is at most this; above it a point is noisy"),
@@ -293,6 +293,16 @@ class BenchmarkSettings(Section):
             speedup_factor,
             "stop timing the CPU once every GPU beat it by this factor at two sizes in a row",
             nullable=True,
+        ),
+    )
+    # Between whole curves a sweep times only what can move the served crossovers and carries the rest with
+    # its own time (``analysis.focus``); every point is timed at least this often. 0: every sweep times all.
+    full_curve_every_s: float = field(
+        default=3600.0,
+        metadata=key(
+            "full_curve_every",
+            duration(positive=False),
+            "time every point at least this often; sweeps between time the sizes around n*; 0 = every sweep",
         ),
     )
     # GPUs this machine must have: fewer found is a failure (driver gone), not a quiet CPU-only sweep.

@@ -22,6 +22,7 @@ from crossover_monitor.service.history import Run
 from crossover_monitor.text import took_text, utc_text
 from crossover_monitor.view import svgchart
 from crossover_monitor.view.chart import PlotError, from_snapshot
+from crossover_monitor.view.report import not_timed
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,8 @@ def _crossovers(state: ServiceState) -> list[str]:
             f"<td>{_e(when)}</td></tr>"
         )
     rows.append("</table>")
-    return [*rows, *problem, *withheld]
+    carried = [f"<p class='carried'>{_e(line)}</p>" for line in not_timed(latest)]
+    return [*rows, *problem, *withheld, *carried]
 
 
 def _runs(state: ServiceState, runs: Sequence[Run] | None, history_problem: str = "") -> list[str]:

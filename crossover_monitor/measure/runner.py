@@ -39,6 +39,7 @@ from crossover_monitor.model import (
     WithheldReason,
     canonical_device,
     gpu_cpu_pairs,
+    same_timing,
     speedup,
 )
 from crossover_monitor.protocol import Environment, Message, Plan, Started
@@ -118,8 +119,39 @@ class _Session:
     # that lands on one leaves it withheld), and never published; a GPU's n = 1 point's still bounds its
     # fixed cost for the host share of its other points (an overestimate: they are judged more strictly).
     set_aside: dict[PointKey, Timing] = field(default_factory=dict)
+    # Their verdicts, when they were set aside and what they were timed as: each is timed again once as the sweep
+    # ends (``_time_set_aside_again``), and its verdict said only if it is set aside again.
+    slowed: dict[PointKey, tuple[Withheld, float, DeviceInfo, Role]] = field(default_factory=dict)
+    last_tries: bool = False  # the sweep's end: a point set aside now stays withheld
     # Points whose matrices cannot fit the memory the worker may use: refused as the sweep is planned, never tried.
     refused: set[PointKey] = field(default_factory=set)
+    # Points of the served curve this sweep serves as an earlier sweep timed them (``analysis.focus``), until the
+    # crossovers lean on them (``_retime_carried_if_leaned_on``).
+    carried: dict[PointKey, Measurement] = field(default_factory=dict)
+    same_timing_as_served: bool = False  # what the served curve was timed with is what this sweep times with
+
+    def carry(self, points: Sequence[Measurement]) -> None:
+        """Serve ``points`` as they were timed: in the curves the refinement reads, and emitted as they are."""
+        for point in points:
+            self.carried[point.key] = point
+            self.timings[point.key] = point.timing
+            self.roles[point.key] = point.role
+            self.emit(point)
+
+    def served_interval(self, dtype: str, mode: Mode) -> tuple[float, float] | None:
+        """The sizes the served crossovers of a dtype and mode were found between (their intervals), where the
+        sweep times as they were timed; None where there are none."""
+        if not self.same_timing_as_served:
+            return None
+        reaches = [r for c in self.plan.refine_around if (c.dtype, c.mode) == (dtype, mode) and (r := c.reach)]
+        return (min(r[0] for r in reaches), max(r[1] for r in reaches)) if reaches else None
+
+    def retime_carried(self, dtype: str, mode: Mode) -> bool:
+        """Time the carried points of one dtype and mode again (``_sweep_sizes``); False if none was carried."""
+        dropped = [k for k in self.carried if (k.dtype, k.mode) == (dtype, mode)]
+        for key in dropped:
+            del self.carried[key], self.timings[key], self.roles[key]
+        return bool(dropped)
 
     def key(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> PointKey:
         return PointKey(backend=self.backend.name, device=device.device, dtype=dtype, mode=mode, size=size)
@@ -172,7 +204,7 @@ class _Session:
         if timing is None:
             self.point(device, size, dtype, mode, "refine")
             return
-        if timing.visit_count >= visits:
+        if timing.visit_count >= visits or where in self.carried:  # a carried point leaned on is timed anew instead
             return
         if device.device in self.failed | self.withheld or self.retry_is_over():
             return
@@ -184,6 +216,9 @@ class _Session:
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
         where = self.key(device, size, dtype, mode)
+        if where in self.carried:
+            self.emit(self.carried[where])
+            return
         others = None if where in self.not_calm else self.others.get(where)
         self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where], others_cores=others))
 
@@ -209,7 +244,10 @@ class _Session:
             # crossover its gap withholds says why): a refinement's revisit is taken back, its earlier visits stand.
             if key not in self.timings:
                 self.set_aside[key] = aside.timing
-                self.emit(aside.verdict)
+                if self.last_tries:
+                    self.emit(aside.verdict)
+                else:
+                    self.slowed[key] = (aside.verdict, self.clock(), device, role)
             return None
         except MeasurementFailed as exc:
             self.emit(DeviceFailure(backend=self.backend.name, device=device.device, reason=str(exc), point=key))
@@ -404,19 +442,17 @@ def run_plan(
     _report_missing_gpus(plan, backend.name, found_gpus, environment.get(GPU_PROBLEM), emit)
     session = _Session(plan, backend, emit, clock, guard, devices=devices)
     session.refused = _refuse_what_cannot_fit(session, memory)
+    session.same_timing_as_served = same_timing(plan.carried_timed_as, environment)
+    if session.same_timing_as_served:  # else another framework, threads or driver: time them all
+        names = {d.device for d in devices}
+        session.carry([p for p in plan.carried if p.key.device in names and p.key not in session.refused])
     if plan.retry and not _any_gpu_free(session, devices):
         return  # still busy: the CPU's curve would be timed for nothing
     refine_left = plan.bench.refine.budget_s  # the budget is the refinement's own time, over all dtypes and modes
     for dtype in plan.bench.dtypes:
         for mode in plan.bench.modes:
-            if 1 not in plan.bench.sizes:
-                for device in devices:
-                    session.point(device, 1, dtype, mode, "fixed_cost")
-            _sweep_sizes(session, devices, dtype, mode)
-            if plan.bench.refine.enabled and refine_left > 0:
-                started = clock()
-                _refine(session, devices, dtype, mode, started + refine_left)
-                refine_left -= clock() - started
+            refine_left -= _time_curve(session, devices, dtype, mode, refine_left)
+    _time_set_aside_again(session)
     for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
         emit(context)
     reference = guard.host_reference
@@ -424,6 +460,41 @@ def run_plan(
         emit(
             Environment({HOST_REFERENCE: f"{reference.median_s:.6g}", HOST_REFERENCE_SPREAD: f"{reference.spread:.4g}"})
         )
+
+
+def _time_curve(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, refine_left: float) -> float:
+    """Time one dtype and mode's curve on every device and refine it within ``refine_left``; the refinement's time."""
+    bench = session.plan.bench
+    if 1 not in bench.sizes:
+        for device in devices:
+            session.point(device, 1, dtype, mode, "fixed_cost")
+    _sweep_sizes(session, devices, dtype, mode)
+    _retime_carried_if_leaned_on(session, devices, dtype, mode)
+    if not bench.refine.enabled or refine_left <= 0:
+        return 0.0
+    started = session.clock()
+    _refine(session, devices, dtype, mode, started + refine_left)
+    if _retime_carried_if_leaned_on(session, devices, dtype, mode):  # the visits moved n* out to a carried size
+        _refine(session, devices, dtype, mode, started + refine_left)
+    return session.clock() - started
+
+
+def _time_set_aside_again(session: _Session) -> None:
+    """Time each point the slowed host set aside once more as the sweep ends, at least ``rule.SLOWED_AGAIN_AFTER_S``
+    after it was (a host's slow spell outlasts the second try a second later): published if the guard finds it
+    clean then, withheld (its verdict said) if not. Its size's refinement visits are not made up for."""
+    session.last_tries = True
+    for key, (verdict, set_aside_at, device, role) in list(session.slowed.items()):
+        del session.slowed[key]
+        if device.device in session.withheld | session.failed:
+            session.emit(verdict)  # said once, whole, with its device's own verdict
+            continue
+        wait = set_aside_at + rule.SLOWED_AGAIN_AFTER_S - session.clock()
+        if wait > 0:
+            session.guard.pause(wait)
+        del session.set_aside[key]
+        if session.point(device, key.size, key.dtype, key.mode, role) is None and key not in session.set_aside:
+            session.emit(verdict)  # not timed at all this time (a failure, said): withheld as it was
 
 
 def _environment(backend: Backend, guard: Guard) -> dict[str, str]:
@@ -496,6 +567,22 @@ def _sweep_sizes(session: _Session, devices: list[DeviceInfo], dtype: str, mode:
         streak = streak + 1 if far else 0
 
 
+def _retime_carried_if_leaned_on(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode) -> bool:
+    """Time the carried points of a dtype and mode after all where a pair's change of lead (the sizes the
+    refinement would visit) reaches one of them: n* has moved out of the sizes timed around it. True if it did."""
+    carried = {k.size for k in session.carried if (k.dtype, k.mode) == (dtype, mode)}
+    spacing = session.plan.bench.refine.spacing
+    leaned_on = any(
+        _sizes_to_visit(session.curve(cpu, gpu, dtype, mode), spacing) & carried
+        for cpu, paired in gpu_cpu_pairs(devices)
+        for gpu in paired
+    )
+    if not leaned_on or not session.retime_carried(dtype, mode):
+        return False
+    _sweep_sizes(session, devices, dtype, mode)
+    return True
+
+
 def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float) -> None:
     """Time the sizes around each crossover in ``refine.visits`` visits each, until time is up.
 
@@ -511,11 +598,15 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
     gpus = [d for d in devices if d.kind == "gpu"]
     pairs = gpu_cpu_pairs(devices)
     done: set[int] = set()
+    around = session.served_interval(dtype, mode)
     for _ in range(_REFINE_ROUNDS):
         wanted: set[int] = set()
         for cpu, paired in pairs:
             for gpu in paired:
                 wanted |= _sizes_to_visit(session.curve(cpu, gpu, dtype, mode), refine.spacing)
+        if around is not None and not done:  # first where n* was: a crossing found elsewhere widens the next round
+            low, high = around[0] / (1 + refine.spacing), around[1] * (1 + refine.spacing)
+            wanted = {n for n in wanted if low <= n <= high} or wanted
         sizes = sorted(wanted - done)
         if not sizes:
             return

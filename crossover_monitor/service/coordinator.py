@@ -16,6 +16,7 @@ from collections.abc import Callable
 from crossover_monitor.config.settings import BenchmarkSettings
 from crossover_monitor.model import SweepOutcome, SweepResult, retry_devices
 from crossover_monitor.protocol import Plan
+from crossover_monitor.service.planning import plan_sweep
 from crossover_monitor.service.preflight import host_problem
 from crossover_monitor.service.schedule import SweepScheduler
 from crossover_monitor.service.state import StateStore
@@ -169,18 +170,16 @@ class SweepCoordinator:
         self._run_worker(self._plan(bench, retry=True), retry=True)
 
     def _plan(self, bench: BenchmarkSettings, *, retry: bool = False) -> Plan:
-        """What a worker times ``bench`` with: the loaded guard settings and what the store kept of recent sweeps
-        (the host reference's figure, the points' ranges), read from one state."""
-        kept = self._store.read()
-        return Plan(
-            bench=bench,
-            guard=self._store.settings.guard,
+        """What a worker times ``bench`` with, from the loaded guard settings and what the store kept (one read)."""
+        until_next = self._scheduler.seconds_to_next()
+        return plan_sweep(
+            bench,
+            self._store.settings.guard,
+            self._store.read(),
             given_up=tuple(sorted(self._given_up)),
             retry=retry,
-            host_baseline=kept.host_baseline,
-            range_tops=kept.range_tops,
-            range_tops_timed_as=kept.point_medians_timed_as,
-            usual_others=kept.usual_others,
+            now=self._clock(),
+            until_next_s=None if until_next is None else max(until_next, 0.0),
         )
 
     def _run_worker(self, plan: Plan, *, retry: bool) -> None:

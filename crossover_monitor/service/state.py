@@ -224,8 +224,12 @@ class StateStore:
 
 def _metered_points(snapshot: Snapshot) -> list[tuple[Measurement, float]]:
     """The sweep's configured points that say what others used of the host over them, with that load (a
-    refinement's sizes change from sweep to sweep)."""
-    return [(m, m.others_cores) for m in snapshot.measurements if m.role != "refine" and m.others_cores is not None]
+    refinement's sizes change from sweep to sweep; a carried point was counted by the sweep that timed it)."""
+    return [
+        (m, m.others_cores)
+        for m in snapshot.measurements
+        if m.role != "refine" and m.others_cores is not None and not m.carried
+    ]
 
 
 def _typical_others(snapshot: Snapshot) -> float | None:

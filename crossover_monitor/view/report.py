@@ -87,6 +87,24 @@ def _environment_lines(snapshot: Snapshot) -> list[str]:
     return lines
 
 
+def not_timed(snapshot: Snapshot) -> list[str]:
+    """What the sweep served without timing it, and why: a line per device, dtype and mode whose far points it carried
+    between whole curves (``benchmark.full_curve_every``), with the sizes and when they were timed."""
+    carried: dict[tuple[str, str, str], list[Measurement]] = {}
+    for m in snapshot.measurements:
+        if m.timed_at is not None:
+            carried.setdefault((m.key.device, m.key.dtype, m.key.mode), []).append(m)
+    lines = []
+    for (device, dtype, mode), points in carried.items():
+        sizes = ", ".join(str(m.key.size) for m in sorted(points, key=lambda m: m.key.size))
+        oldest = min(m.timed_at for m in points if m.timed_at is not None)
+        lines.append(
+            f"{device} {dtype} {mode} n={sizes}: not timed in this sweep, served as timed at {utc_text(oldest)} "
+            "(far from n*: between whole curves a sweep times the sizes around it; benchmark.full_curve_every)"
+        )
+    return lines
+
+
 def render_table(outcome: SweepOutcome) -> str:
     """A table per device and mode (size, median, IQR, GFLOP/s, GPU speed-up), then the crossovers."""
     lines = [
@@ -108,6 +126,7 @@ def render_table(outcome: SweepOutcome) -> str:
                 "" if m.role == "sweep" else f"  ({m.role.replace('_', ' ')})"
             )
             flag += f"  {m.timing.visit_count} visits" if m.timing.visit_count > 1 else ""
+            flag += f"  (carried: timed {utc_text(m.timed_at)})" if m.timed_at is not None else ""
             lines.append(
                 f"{m.key.size:>7} {_format_seconds(m.timing.median_s):>10} {_format_seconds(m.timing.iqr_s):>10} "
                 f"{m.flops_per_second / 1e9:>9.3g} {f'{ratio:.2f}x' if ratio is not None else '-':>12}{flag}"
@@ -132,6 +151,7 @@ def render_table(outcome: SweepOutcome) -> str:
         lines.append(f"failed: {f.device}: {f.reason}")
     for w in snapshot.withheld:
         lines.append(f"withheld: {w.subject} ({w.reason.value}): {w.detail}")
+    lines += [f"carried: {line}" for line in not_timed(snapshot)]
     lines += [f"hardware: {h.device}: {_hardware_line(h)}" for h in snapshot.hardware]
     return "\n".join(lines)
 

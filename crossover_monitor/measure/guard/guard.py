@@ -298,6 +298,10 @@ class Guard:
         self._gpus: dict[str, _GpuRecord] = {}
         self._cpus: dict[str, _CpuRecord] = {}
 
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (a host's slow spell may pass meanwhile) on the sleep the guard was given."""
+        self._sleep(seconds)
+
     # --- GPUs -------------------------------------------------------------------------------
 
     def identity(self, device: DeviceInfo) -> dict[str, str]:

@@ -36,7 +36,10 @@ A point is timed in tries; a try that is not clean is timed again once, after DI
     the last try   the point                                              its device
     clean          published; calm (its median joins its idle range)     goes on
                    unless the reference read slowed or could not judge
-    slowed         withheld alone (host_slowed); a revisit taken back     goes on
+    slowed         a first visit: timed again as the sweep ends, at       goes on
+                   least SLOWED_AGAIN_AFTER_S later, in tries judged
+                   as above; slowed again: withheld alone (host_slowed).
+                   A revisit: taken back
     contended      not published                                          withheld (cpu_contended), last curve served
 
 Pure: no clock, no I/O.
@@ -56,6 +59,10 @@ from crossover_monitor.model import DeviceInfo, Withheld, WithheldReason
 # A container's quota throttles a thread team that spins now and then; up to this share of a try is let pass.
 THROTTLING_TOLERATED = 0.02
 DISTURBED_PAUSE_S = 1.0  # a try that is not clean is timed again after this pause (a burst may have passed)
+# A point withheld as slowed is timed once more as its sweep ends, at least this long after: a host that slows by
+# itself does so in spells longer than the second try's pause (an H100 with 16 vCPUs read its reference 1.1-2.0x
+# its idle figure for minutes, issue 54), and one sweep's points are minutes apart at most.
+SLOWED_AGAIN_AFTER_S = 20.0
 # A host reading may be this many relative IQRs of the idle readings slower before the host counts as slowed
 # (about 3 standard deviations of a normal spread).
 SPREADS_ALLOWED = 2.0
