@@ -130,3 +130,19 @@ def test_a_cheaper_plan_replayed_keeps_what_it_would_have_timed_and_the_full_pla
         found, cost = replay.replay(snapshot, None, None)
         assert found == {c.mode: (c.state, c.size) for c in snapshot.crossovers if c.gpu != "none"}
         assert cost > 0
+
+
+def test_the_focused_replay_carries_far_points_between_whole_curves_and_times_all_of_them_hourly() -> None:
+    """sweep_cost_replay.focused: the first sweep (nothing served yet) and the fifth (an hour on at 15 minutes) time
+    every point; the three between carry the far ones, costing less, and still find both crossovers."""
+    import sweep_cost_replay as replay  # noqa: PLC0415 - a script of benchmarks/
+
+    from crossover_monitor.model import CrossoverState  # noqa: PLC0415
+
+    sweeps = list(replay.idle_sweeps(BENCHMARKS / "results" / "gpu-proof-torch-h200-2026-12-03b.jsonl"))
+    rows = replay.focused(sweeps[:6], None)
+    whole = [replay.replay(s, None, None)[1] for s in sweeps[:6]]
+    assert rows[0][1] == pytest.approx(whole[0])
+    assert all(rows[i][1] < 0.9 * whole[i] for i in (1, 2, 3))
+    assert rows[4][1] > 0.8 * whole[4]  # every point timed; the refinement's first visits around n* only
+    assert all(found[mode][0] is CrossoverState.FOUND for found, _ in rows for mode in ("compute", "end_to_end"))

@@ -18,7 +18,6 @@ from crossover_monitor.measure.contract import BackendOptions, RunBlock
 from crossover_monitor.measure.runner import run_plan
 from crossover_monitor.metrics import render_state
 from crossover_monitor.model import (
-    Crossover,
     CrossoverState,
     DeviceInfo,
     Mode,
@@ -34,6 +33,7 @@ from crossover_monitor.service.state import StateStore
 from crossover_monitor.service.sweep import END_OF_STREAM, EndOfStream, run_sweep
 from crossover_monitor.text import utc_text
 from crossover_monitor.view.report import render_table
+from tests.builders import crossover as served_crossover
 from tests.conftest import make_plan, with_bench
 from tests.fakes import VirtualClock, VirtualCurveBackend, cpu_seconds, gpu_seconds
 
@@ -238,21 +238,7 @@ def test_the_refinement_visits_where_n_star_was_first_and_widens_where_it_is_no_
     plan = with_bench(_plan(), refine=RefineSettings(enabled=True, visits=3, spacing=0.2, budget_s=60))
     whole, _ = _refined(plan)
     assert {n for n, v in whole.items() if v == 3} == {32, 38, 45, 54, 64}
-    served = [
-        Crossover(
-            backend="fake",
-            gpu="/GPU:0",
-            cpu="/CPU:0",
-            dtype="float32",
-            mode="compute",
-            state=CrossoverState.FOUND,
-            size=46.0,
-            lower=45,
-            upper=54,
-            ci_lower=42.0,
-            ci_upper=50.0,
-        )
-    ]
+    served = [served_crossover(size=46.0, lower=45, upper=54, ci_lower=42.0, ci_upper=50.0)]
     timed_as = timed_with(
         VirtualCurveBackend(BackendOptions(tf32=False, cpu_threads=1), clock=VirtualClock()).environment()
     )
