@@ -116,17 +116,17 @@ def focused(sweeps: list[Snapshot], blocks: int | None) -> list[tuple[dict[str, 
         at = index * SCHEDULE_S
         bench = BenchmarkSettings(sizes=tuple(sorted({m.key.size for m in snapshot.measurements if m.role == "sweep"})))
         carried = {m.key: m for m in carried_points(bench, latest, now=at, until_next_s=SCHEDULE_S)}
-        own = _refined_around(snapshot, latest, blocks)
-        kept = tuple(carried.get(m.key, m) for m in own)
-        leaned = {
-            (c.backend, c.dtype, c.mode)
+        recorded = tuple(dataclasses.replace(m, timing=cut(m.timing, None, blocks)) for m in snapshot.measurements)
+        kept = tuple(carried.get(m.key, m) for m in _refined_around(snapshot, latest, blocks))
+        # Where the crossing reaches a carried or a once-timed size (n* moved, or the curves cross more than once),
+        # the worker times that curve's points again and visits them: as the recorded sweep did.
+        again = {
+            c.mode
             for c in crossovers(snapshot.devices, kept)
-            if any(
-                k.size in (c.lower, c.upper) and (k.backend, k.dtype, k.mode) == (c.backend, c.dtype, c.mode)
-                for k in carried
-            )
+            if c.state is CrossoverState.AMBIGUOUS
+            or any(k.size in (c.lower, c.upper) and k.mode == c.mode for k in carried)
         }
-        kept = tuple(m if (m.key.backend, m.key.dtype, m.key.mode) in leaned else carried.get(m.key, m) for m in own)
+        kept = tuple(m for m in recorded if m.key.mode in again) + tuple(k for k in kept if k.key.mode not in again)
         timed = tuple(m for m in kept if not m.carried)
         new = dataclasses.replace(snapshot, measurements=kept, crossovers=crossovers(snapshot.devices, kept))
         new = dataclasses.replace(
