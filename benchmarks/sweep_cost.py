@@ -67,6 +67,16 @@ print(usage.ru_maxrss * 1024, time.process_time() - began)
 """
 
 
+def _rss_bytes(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _cpu_s(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -83,6 +93,7 @@ class Meter:
     current: str = START
     cpu: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     wall: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    rss: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))  # the most read, bytes
     last_cpu: float = 0.0
     last_at: float = 0.0
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -100,6 +111,9 @@ class Meter:
             self.last_cpu = now_cpu
         self.wall[self.current] += now - self.last_at
         self.last_at = now
+        rss = _rss_bytes(self.pid)
+        if rss is not None:
+            self.rss[self.current] = max(self.rss[self.current], rss)
 
     def on_message(self, message: Message) -> None:
         if isinstance(message, Started):
@@ -178,7 +192,10 @@ def _row(outcome: SweepOutcome, meter: Meter, plan: Plan) -> dict[str, Any]:
         # The wall time of the GPUs' points: what the sweep held a GPU for (an upper bound of its busy time).
         "gpu_points_wall_s": round(sum(w for k, w in meter.wall.items() if k.split(" ")[0] in gpus), 2),
         "cpu_threads": env.get("cpu_threads"),
-        "points": {k: {"cpu_s": round(meter.cpu[k], 3), "wall_s": round(meter.wall[k], 3)} for k in meter.cpu},
+        "points": {
+            k: {"cpu_s": round(meter.cpu[k], 3), "wall_s": round(meter.wall[k], 3), "rss_bytes": meter.rss[k]}
+            for k in meter.cpu
+        },
         "crossovers": [
             {"mode": c.mode, "state": c.state.value, "size": c.size, "ci": [c.ci_lower, c.ci_upper]}
             for c in (snapshot.crossovers if snapshot else ())
@@ -244,6 +261,11 @@ def main() -> None:
             f"worker {row['worker_cpu_s_reported']:.0f} CPU-s (metered {row['worker_cpu_s_metered']:.0f}), "
             f"peak RSS {row['worker_peak_rss_bytes'] / 2**20:.0f} MiB, GPU points {row['gpu_points_wall_s']} s; "
             + ", ".join(f"{k} {v['cpu_s']:.1f}" for k, v in top)
+            + "; most RSS at "
+            + ", ".join(
+                f"{k} {v['rss_bytes'] / 2**20:.0f} MiB"
+                for k, v in sorted(row["points"].items(), key=lambda kv: -kv[1]["rss_bytes"])[:3]
+            )
             + f"; n* {[(c['mode'], c['state'], c['size'] and round(c['size'])) for c in row['crossovers']]}",
             flush=True,
         )
