@@ -300,3 +300,45 @@ def test_a_burst_of_skipped_sweeps_is_one_history_row_and_one_log_line_and_a_res
     reopened.close()
     assert restored is not None
     assert restored[0].count(SweepResult.SKIPPED) == 68
+
+
+def test_the_sweep_after_a_whole_curve_carries_its_far_points_and_a_reload_times_them_all_again() -> None:
+    """Planned by the coordinator from what the store serves: the second sweep hands the worker the far points
+    (the GPU's largest size and the sizes around n* ≈ 46 excepted), which travel whole with their time and are
+    served with it; after a configuration reload every point is timed again."""
+    store = StateStore()
+    bench = {
+        "backend": "tests.fakes:curve",
+        "sizes": [1, 8, 16, 32, 64, 128, 256],
+        "modes": ["compute"],
+        "timing": {"block_time": "2ms", "size_budget": "1s"},
+        "refine": {"visits": 3, "budget": "2s"},
+    }
+    settings = settings_from_mapping(
+        {"schedule": {"interval": "15m"}, "benchmark": {**bench, "timeout": "60s"}, "guard": {"enabled": False}}
+    )
+    store.record_config(settings, at=0)
+    plans: list[Plan] = []
+
+    def launch(plan: Plan) -> ThreadWorker:
+        plans.append(Plan.from_json(plan.to_json()))  # as the worker reads it
+        return ThreadWorker(plans[-1], fake_guard(None, enabled=False))
+
+    coordinator = SweepCoordinator(store, launch=launch)
+    coordinator._sweep()
+    first = store.read().latest
+    assert first is not None
+    coordinator._sweep()
+    assert plans[0].carried == ()
+    carried = {(m.key.device, m.key.size) for m in plans[1].carried}
+    # (which of 16 and 128 are carried depends on how wide a busy machine made n*'s interval)
+    assert {("/CPU:0", 8), ("/CPU:0", 256), ("/GPU:0", 8)} <= carried
+    assert not carried & {(d, n) for d in ("/CPU:0", "/GPU:0") for n in (1, 32, 64)} | {("/GPU:0", 256)}
+    served = store.read().latest
+    assert served is not None
+    assert {(m.key.device, m.key.size): m.timed_at for m in served.measurements if m.carried} == dict.fromkeys(
+        carried, first.finished_at
+    )
+    store.record_config(settings, at=time.time())
+    coordinator._sweep()
+    assert plans[2].carried == ()
