@@ -333,7 +333,7 @@ def test_the_sweep_after_a_whole_curve_carries_its_far_points_and_a_reload_times
     carried = {(m.key.device, m.key.size) for m in plans[1].carried}
     # (which of 16 and 128 are carried depends on how wide a busy machine made n*'s interval)
     assert {("/CPU:0", 8), ("/CPU:0", 256), ("/GPU:0", 8)} <= carried
-    assert not carried & {(d, n) for d in ("/CPU:0", "/GPU:0") for n in (1, 32, 64)} | {("/GPU:0", 256)}
+    assert not carried & ({(d, n) for d in ("/CPU:0", "/GPU:0") for n in (1, 32, 64)} | {("/GPU:0", 256)})
     served = store.read().latest
     assert served is not None
     assert {(m.key.device, m.key.size): m.timed_at for m in served.measurements if m.carried} == dict.fromkeys(
