@@ -46,22 +46,32 @@ START = "worker start"
 
 FLOOR = """
 import resource, sys, time
-backend, size = sys.argv[1], int(sys.argv[2])
+backend, size, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 began = time.process_time()
 if backend == "torch":
     import torch
-    devices = ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    for device in devices:
-        a = torch.ones(size, size, device=device); (a @ a).sum().item()
+    for device in ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]:
+        if mode == "compute":
+            a = torch.ones(size, size, device=device); (a @ a).sum().item()
+        else:  # operands in host memory copied in, the product copied back
+            host = torch.ones(size, size); (host.to(device) @ host.to(device)).cpu().sum().item()
 elif backend == "tensorflow":
-    import tensorflow as tf
+    import numpy as np, tensorflow as tf
     for device in ["/CPU:0"] + [d.name.replace("/physical_device:", "/") for d in tf.config.list_physical_devices("GPU")]:
         with tf.device(device):
-            a = tf.ones((size, size)); float(tf.reduce_sum(a @ a))
+            if mode == "compute":
+                a = tf.ones((size, size)); float(tf.reduce_sum(a @ a))
+            else:
+                host = np.ones((size, size), dtype=np.float32)
+                float((tf.constant(host) @ tf.constant(host)).numpy().sum())
 else:
-    import jax, jax.numpy as jnp
+    import jax, jax.numpy as jnp, numpy as np
     for device in jax.devices("cpu") + [d for d in jax.devices() if d.platform == "gpu"]:
-        a = jax.device_put(jnp.ones((size, size)), device); float((a @ a).sum())
+        if mode == "compute":
+            a = jax.device_put(jnp.ones((size, size)), device); float((a @ a).sum())
+        else:
+            host = np.ones((size, size), dtype=np.float32)
+            float(np.asarray(jax.device_put(host, device) @ jax.device_put(host, device)).sum())
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(usage.ru_maxrss * 1024, time.process_time() - began)
 """
@@ -146,10 +156,15 @@ def one_sweep(plan: Plan, timeout_s: float, at: float) -> tuple[SweepOutcome, Me
 
 
 def floor(backend: str, size: int) -> dict[str, float]:
-    """A bare process: import the framework, one product of the largest size on each device."""
-    done = subprocess.run([sys.executable, "-c", FLOOR, backend, str(size)], capture_output=True, text=True, check=True)
-    rss, cpu = done.stdout.split()
-    return {"peak_rss_bytes": float(rss), "cpu_s": float(cpu)}
+    """A bare process: import the framework, one product of the largest size on each device (compute), and another
+    whose operands are copied in and the product copied back (end_to_end: what that mode holds at the least)."""
+    found: dict[str, float] = {}
+    for mode in ("compute", "end_to_end"):
+        command = [sys.executable, "-c", FLOOR, backend, str(size), mode]
+        rss, cpu = subprocess.run(command, capture_output=True, text=True, check=True).stdout.split()
+        suffix = "" if mode == "compute" else "_end_to_end"
+        found |= {f"peak_rss_bytes{suffix}": float(rss), f"cpu_s{suffix}": float(cpu)}
+    return found
 
 
 PEER = """
@@ -235,7 +250,11 @@ def main() -> None:
         "floor": floor(args.backend, max(bench.sizes)),
         "sweeps": [],
     }
-    print(f"floor: {results['floor']['peak_rss_bytes'] / 2**20:.0f} MiB, {results['floor']['cpu_s']:.1f} CPU-s")
+    bare = results["floor"]
+    print(
+        f"floor: {bare['peak_rss_bytes'] / 2**20:.0f} MiB, {bare['cpu_s']:.1f} CPU-s; end_to_end "
+        f"{bare['peak_rss_bytes_end_to_end'] / 2**20:.0f} MiB"
+    )
 
     def save() -> None:  # after every step: a run its time limit stops keeps what it measured
         if args.out:
