@@ -16,6 +16,7 @@ PER_POINT = {
     "matmul_duration_iqr_seconds",
     "matmul_duration_noisy",
     "matmul_flops_per_second",
+    "matmul_duration_timestamp_seconds",
 }
 
 
