@@ -178,8 +178,10 @@ print(json.dumps(curves))
 
 def peer_check(snapshot: Snapshot, sizes: list[int]) -> dict[str, Any]:
     """The sweep's medians at ``sizes`` against torch's own timing in a separate process, same threads: CUDA events
-    on the GPU, a perf_counter loop on the CPU (``references.torch_reference``); service / peer per point."""
-    threads = dict(snapshot.environment).get("cpu_threads", "1")
+    on the GPU (the first: a host with several compares each with it), a perf_counter loop on the CPU
+    (``references.torch_reference``); service / peer per point."""
+    threads = dict(snapshot.environment).get("cpu_threads", "")
+    threads = threads if threads.isdigit() and int(threads) > 0 else str(os.cpu_count() or 1)
     done = subprocess.run(
         [sys.executable, "-c", PEER, ",".join(map(str, sizes)), threads], capture_output=True, text=True, check=True
     )

@@ -121,12 +121,14 @@ def focused(sweeps: list[Snapshot], blocks: int | None) -> list[tuple[dict[str, 
         # Where the crossing reaches a carried or a once-timed size (n* moved, or the curves cross more than once),
         # the worker times that curve's points again and visits them: as the recorded sweep did.
         again = {
-            c.mode
+            (c.dtype, c.mode)
             for c in crossovers(snapshot.devices, kept)
             if c.state is CrossoverState.AMBIGUOUS
-            or any(k.size in (c.lower, c.upper) and k.mode == c.mode for k in carried)
+            or any(k.size in (c.lower, c.upper) and (k.dtype, k.mode) == (c.dtype, c.mode) for k in carried)
         }
-        kept = tuple(m for m in recorded if m.key.mode in again) + tuple(k for k in kept if k.key.mode not in again)
+        kept = tuple(m for m in recorded if (m.key.dtype, m.key.mode) in again) + tuple(
+            k for k in kept if (k.key.dtype, k.key.mode) not in again
+        )
         timed = tuple(m for m in kept if not m.carried)
         new = dataclasses.replace(snapshot, measurements=kept, crossovers=crossovers(snapshot.devices, kept))
         new = dataclasses.replace(
@@ -141,11 +143,12 @@ def _refined_around(snapshot: Snapshot, latest: Snapshot | None, blocks: int | N
     """The sweep's points as a refinement that visits first where the served n* was would have left them: sizes
     more than a step (20%) outside the served crossovers' reach not visited (a refinement's size not timed, a
     configured one timed once), unless the sweep's own n* lies out there (the next round would visit it)."""
-    reach: dict[str, tuple[float, float]] = {}
+    spans: dict[str, tuple[float, float]] = {}
     for c in latest.crossovers if latest is not None else ():
         if c.reach is not None:
-            low, high = reach.get(c.mode, c.reach)
-            reach[c.mode] = (min(low, c.reach[0]) / 1.2, max(high, c.reach[1]) * 1.2)
+            low, high = spans.get(c.mode, c.reach)
+            spans[c.mode] = (min(low, c.reach[0]), max(high, c.reach[1]))
+    reach = {mode: (low / 1.2, high * 1.2) for mode, (low, high) in spans.items()}
     found = {c.mode: c.size for c in snapshot.crossovers if c.size is not None}
     kept: list[Measurement] = []
     for m in snapshot.measurements:
@@ -180,14 +183,18 @@ def main() -> None:
         base_cost = 0.0
         for name, visits, blocks, focus in VARIANTS:
             rows = focused(sweeps, blocks) if focus else [replay(s, visits, blocks) for s in sweeps]
-            cost = statistics.mean(c for _, c in rows) if focus else statistics.median(c for _, c in rows)
+            cost = statistics.mean(c for _, c in rows)  # a sweep's cost over the run: focused runs alternate
             if name == "recorded":
                 base = dict(enumerate(r for r, _ in rows))
                 base_cost = cost
             print(f"  {name:18s} timed CPU-s {cost:6.1f} ({cost / base_cost:4.0%})")
             for mode in ("compute", "end_to_end"):
                 sizes = [r[mode][1] for r, _ in rows if r.get(mode, (None, None))[0] is CrossoverState.FOUND]
-                changed = sum(1 for i, (r, _) in enumerate(rows) if r.get(mode) and r[mode][0] != base[i][mode][0])
+                changed = sum(
+                    1
+                    for i, (r, _) in enumerate(rows)
+                    if r.get(mode) and r[mode][0] != base[i].get(mode, (None, None))[0]
+                )
                 shown = " ".join(f"{s:.0f}" for s in sizes)
                 print(f"    {mode:10s} n* {shown}  ({spread(sizes)}; state changed in {changed})")
 

@@ -607,7 +607,8 @@ class Snapshot:
 
     @property
     def measured_devices(self) -> frozenset[str]:
-        return frozenset(m.key.device for m in self.measurements)
+        """The devices this snapshot's sweep timed a point of (a device it only carried points of is not one)."""
+        return frozenset(m.key.device for m in self.measurements if not m.carried)
 
     @property
     def withheld_devices(self) -> frozenset[str]:

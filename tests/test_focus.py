@@ -13,6 +13,7 @@ from collections import Counter
 from crossover_monitor.analysis.carry import served
 from crossover_monitor.analysis.focus import carried_points
 from crossover_monitor.config.settings import RefineSettings, Settings
+from crossover_monitor.errors import MeasurementFailed
 from crossover_monitor.http import page
 from crossover_monitor.measure.contract import BackendOptions, RunBlock
 from crossover_monitor.measure.runner import run_plan
@@ -44,12 +45,20 @@ HOUR = 3600.0
 class _Backend(VirtualCurveBackend):
     """The known curves; ``launch`` times the GPU's fixed cost (a slower driver moves n* up); counts what it timed."""
 
-    def __init__(self, clock: VirtualClock, launch: float, prepared: Counter[tuple[str, int, str]]) -> None:
+    def __init__(
+        self,
+        clock: VirtualClock,
+        launch: float,
+        prepared: Counter[tuple[str, int, str]],
+        failing: frozenset[tuple[str, int]] = frozenset(),
+    ) -> None:
         super().__init__(BackendOptions(tf32=False, cpu_threads=1), clock=clock)
-        self._launch, self._prepared = launch, prepared
+        self._launch, self._prepared, self._failing = launch, prepared, failing
 
     def prepare(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> RunBlock:
         self._prepared[device.device, size, mode] += 1
+        if (device.device, size) in self._failing:
+            raise MeasurementFailed(device.device, f"n={size}", "out of memory")
         gpu = gpu_seconds(size, mode) + (self._launch - 1) * (gpu_seconds(1, mode) - 2 / 2e11)
         seconds = cpu_seconds(size) if device.kind == "cpu" else gpu
 
@@ -79,13 +88,19 @@ class _InProcess:
 
 
 def _sweep(
-    plan: Plan, *, at: float, launch: float = 1.0, environment: dict[str, str] | None = None
+    plan: Plan,
+    *,
+    at: float,
+    launch: float = 1.0,
+    environment: dict[str, str] | None = None,
+    failing: frozenset[tuple[str, int]] = frozenset(),
 ) -> tuple[Snapshot, Counter[tuple[str, int, str]]]:
-    """One sweep of ``plan`` ending at unix time ``at``: its snapshot and how often each point was prepared."""
+    """One sweep of ``plan`` ending at unix time ``at``: its snapshot and how often each point was prepared;
+    ``failing``: the (device, size) points that fail to be timed."""
     prepared: Counter[tuple[str, int, str]] = Counter()
     messages: list[Message] = []
     clock = VirtualClock()
-    backend = _Backend(clock, launch, prepared)
+    backend = _Backend(clock, launch, prepared, failing)
     if environment is not None:
         backend.environment = lambda: environment  # type: ignore[method-assign]
     run_plan(plan, backend, messages.append, clock)
@@ -273,3 +288,27 @@ def test_the_page_and_once_say_what_the_sweep_did_not_time_and_when_it_was() -> 
     )
     assert shown.count("class='carried'") == 2
     assert "/CPU:0 float32 compute n=8, 16, 128, 256: not timed in this sweep" in shown
+
+
+def test_a_carried_point_timed_again_after_all_is_never_served_stale_even_where_that_fails() -> None:
+    """n* moved onto the carried CPU n = 128, whose timing again fails (out of memory): its failure is said and
+    the earlier value is not served beside it, so no crossover rests on it."""
+    plan = _plan()
+    latest = _served_after([_sweep(plan, at=0.0)[0]])
+    moved, _ = _sweep(_next_plan(plan, latest, now=900), at=900.0, launch=4.0, failing=frozenset({("/CPU:0", 128)}))
+    assert ("/CPU:0", 128) not in {(m.key.device, m.key.size) for m in moved.measurements}
+    assert any(f.point is not None and f.point.size == 128 for f in moved.failures)
+    assert all(c.upper != 128 for c in moved.crossovers)
+
+
+def test_only_what_the_latest_sweep_measured_and_planned_after_the_last_reload_is_carried() -> None:
+    """A device the latest sweep withheld serves an older curve (timed with what that worker ran): none of its
+    points is carried. A reload that landed while the latest sweep ran (planned before it) carries nothing."""
+    plan = _plan()
+    snapshot = dataclasses.replace(_sweep(plan, at=1000.0)[0], started_at=900.0)
+    latest = _served_after([snapshot])
+    gpu_older = dataclasses.replace(latest, measured_at=(("/CPU:0", 1000.0), ("/GPU:0", 400.0)))
+    carried = carried_points(plan.bench, gpu_older, now=1100, until_next_s=900)
+    assert carried
+    assert {m.key.device for m in carried} == {"/CPU:0"}
+    assert carried_points(plan.bench, latest, now=1100, until_next_s=900, settings_since=950.0) == ()

@@ -37,10 +37,13 @@ def carried_points(
 ) -> tuple[Measurement, ...]:
     """The served points a sweep starting ``now`` may carry (each with ``timed_at``), the next sweep due
     ``until_next_s`` later (None: not known, taken as now). ``settings_since``: when the configuration the sweep
-    runs with was loaded; a point timed before it is timed again."""
+    runs with was loaded; a point of a sweep planned before it is timed again.
+
+    Only the devices the latest sweep measured: a device it withheld serves an older sweep's curve, timed with
+    what that sweep's worker ran (a driver since upgraded, say), which the worker cannot check against its own."""
     if bench.full_curve_every_s <= 0 or served is None:
         return ()
-    measured_at = dict(served.measured_at)
+    measured_now = {device for device, at in served.measured_at if at == served.finished_at}
     gpus = {d.device for d in served.devices if d.kind == "gpu"}
     by_next = now + (until_next_s or 0.0)
     carried: list[Measurement] = []
@@ -49,8 +52,10 @@ def carried_points(
         if fresh is None:
             continue
         for point in points:
-            timed_at = point.timed_at if point.timed_at is not None else measured_at.get(point.key.device)
-            if timed_at is None or (settings_since is not None and timed_at < settings_since):
+            # A point the latest sweep timed was planned as it started (a reload may land mid-sweep).
+            planned_at = point.timed_at if point.timed_at is not None else served.started_at
+            timed_at = point.timed_at if point.timed_at is not None else served.finished_at
+            if point.key.device not in measured_now or (settings_since is not None and planned_at < settings_since):
                 continue
             if by_next - timed_at > bench.full_curve_every_s or _always_timed(point, bench, fresh, gpus):
                 continue

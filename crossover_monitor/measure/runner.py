@@ -131,12 +131,19 @@ class _Session:
     same_timing_as_served: bool = False  # what the served curve was timed with is what this sweep times with
 
     def carry(self, points: Sequence[Measurement]) -> None:
-        """Serve ``points`` as they were timed: in the curves the refinement reads, and emitted as they are."""
+        """Serve ``points`` as they were timed: in the curves the refinement reads now, and emitted as they are once
+        the sweep has timed what it will (``emit_carried``): one it times again after all is never sent stale."""
         for point in points:
             self.carried[point.key] = point
             self.timings[point.key] = point.timing
             self.roles[point.key] = point.role
-            self.emit(point)
+
+    def emit_carried(self) -> None:
+        """The carried points still carried, of the devices still served (a withheld device's curve is carried whole
+        by the daemon)."""
+        for key, point in self.carried.items():
+            if key.device not in self.withheld | self.failed:
+                self.emit(point)
 
     def served_interval(self, dtype: str, mode: Mode) -> tuple[float, float] | None:
         """The sizes the served crossovers of a dtype and mode were found between (their intervals), where the
@@ -216,8 +223,7 @@ class _Session:
 
     def _emit_point(self, device: DeviceInfo, size: int, dtype: str, mode: Mode) -> None:
         where = self.key(device, size, dtype, mode)
-        if where in self.carried:
-            self.emit(self.carried[where])
+        if where in self.carried:  # sent as the sweep ends
             return
         others = None if where in self.not_calm else self.others.get(where)
         self.emit(Measurement(key=where, timing=self.timings[where], role=self.roles[where], others_cores=others))
@@ -453,6 +459,7 @@ def run_plan(
         for mode in plan.bench.modes:
             refine_left -= _time_curve(session, devices, dtype, mode, refine_left)
     _time_set_aside_again(session)
+    session.emit_carried()
     for context in guard.contexts([d for d in devices if d.device not in session.withheld | session.failed]):
         emit(context)
     reference = guard.host_reference
@@ -473,9 +480,9 @@ def _time_curve(session: _Session, devices: list[DeviceInfo], dtype: str, mode: 
     if not bench.refine.enabled or refine_left <= 0:
         return 0.0
     started = session.clock()
-    _refine(session, devices, dtype, mode, started + refine_left)
+    _refine(session, devices, dtype, mode, started + refine_left, seeded=True)
     if _retime_carried_if_leaned_on(session, devices, dtype, mode):  # the visits moved n* out to a carried size
-        _refine(session, devices, dtype, mode, started + refine_left)
+        _refine(session, devices, dtype, mode, started + refine_left, seeded=False)
     return session.clock() - started
 
 
@@ -486,7 +493,7 @@ def _time_set_aside_again(session: _Session) -> None:
     session.last_tries = True
     for key, (verdict, set_aside_at, device, role) in list(session.slowed.items()):
         del session.slowed[key]
-        if device.device in session.withheld | session.failed:
+        if device.device in session.withheld | session.failed or session.retry_is_over():
             session.emit(verdict)  # said once, whole, with its device's own verdict
             continue
         wait = set_aside_at + rule.SLOWED_AGAIN_AFTER_S - session.clock()
@@ -583,7 +590,9 @@ def _retime_carried_if_leaned_on(session: _Session, devices: list[DeviceInfo], d
     return True
 
 
-def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float) -> None:
+def _refine(
+    session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode, deadline: float, *, seeded: bool = True
+) -> None:
     """Time the sizes around each crossover in ``refine.visits`` visits each, until time is up.
 
     The measured sizes from the first to the last change of which device is faster, and sizes
@@ -598,7 +607,7 @@ def _refine(session: _Session, devices: list[DeviceInfo], dtype: str, mode: Mode
     gpus = [d for d in devices if d.kind == "gpu"]
     pairs = gpu_cpu_pairs(devices)
     done: set[int] = set()
-    around = session.served_interval(dtype, mode)
+    around = session.served_interval(dtype, mode) if seeded else None  # unseeded: n* is no longer where it was
     for _ in range(_REFINE_ROUNDS):
         wanted: set[int] = set()
         for cpu, paired in pairs:

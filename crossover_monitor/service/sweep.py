@@ -446,6 +446,7 @@ def _result(
     """How a sweep whose worker finished ended, and why: a sweep that measured nothing is never a success."""
     if device_failures:
         return SweepResult.FAILED, "; ".join(f"{f.device}: {f.reason}" for f in device_failures)
+    measurements = [m for m in measurements if not m.carried]  # what the sweep itself timed
     if not measurements and not withheld:
         return SweepResult.FAILED, "no device produced a measurement"
     if not withheld:
