@@ -48,7 +48,7 @@ def carried_points(
     by_next = now + (until_next_s or 0.0)
     carried: list[Measurement] = []
     for group, points in _groups(served.measurements).items():
-        fresh = _sizes_to_time(bench, served, group)
+        fresh = _sizes_to_time(bench, served, group, points)
         if fresh is None:
             continue
         for point in points:
@@ -71,18 +71,17 @@ def _groups(measurements: Sequence[Measurement]) -> dict[_Group, list[Measuremen
     return groups
 
 
-def _sizes_to_time(bench: BenchmarkSettings, served: Snapshot, group: _Group) -> set[int] | None:
-    """The configured sizes a sweep times in ``group`` this time; None: all of them (nothing may be carried)."""
+def _sizes_to_time(
+    bench: BenchmarkSettings, served: Snapshot, group: _Group, points: Sequence[Measurement]
+) -> set[int] | None:
+    """The configured sizes a sweep times in ``group`` (whose served points are ``points``) this time; None: all of
+    them (nothing may be carried)."""
     pairs = [c for c in served.crossovers if (c.backend, c.dtype, c.mode) == group]
     if not pairs or any(c.state is not CrossoverState.FOUND or c.size is None for c in pairs):
         return None
     devices = {c.cpu for c in pairs} | {c.gpu for c in pairs}
-    timed_in_group = {
-        (m.key.device, m.key.size)
-        for m in served.measurements
-        if (m.key.backend, m.key.dtype, m.key.mode) == group and m.role == "sweep"
-    }
-    if any((d, n) not in timed_in_group for d in devices for n in bench.sizes):
+    timed = {(m.key.device, m.key.size) for m in points}
+    if any((d, n) not in timed for d in devices for n in bench.sizes):
         return None
     reaches = [r for c in pairs if (r := c.reach) is not None]
     low, high = min(r[0] for r in reaches), max(r[1] for r in reaches)
