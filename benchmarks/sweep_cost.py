@@ -218,6 +218,11 @@ def _row(outcome: SweepOutcome, meter: Meter, plan: Plan) -> dict[str, Any]:
             for c in (snapshot.crossovers if snapshot else ())
         ],
         "withheld": [w.subject for w in (snapshot.withheld if snapshot else ())],
+        "medians_s": {
+            f"{m.key.device} {m.key.mode} {m.key.size}": m.timing.median_s
+            for m in (snapshot.measurements if snapshot else ())
+            if m.role == "sweep"
+        },
         "carried": sorted(f"{m.key.device} {m.key.mode} {m.key.size}" for m in plan.carried),
         "timed_again": sorted(
             f"{m.key.device} {m.key.mode} {m.key.size}"
